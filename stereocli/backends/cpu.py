@@ -1,0 +1,93 @@
+"""CPU backend: NumPy arrays and the @njit(parallel=True) drivers of the stages."""
+import numpy as np
+
+from ..stages import aggregate, cost, preprocess, refine, select
+
+
+class CpuBackend:
+    name = "cpu"
+
+    def describe(self) -> str:
+        import numba
+        return f"CPU ({numba.get_num_threads()} threads)"
+
+    # arrays and transfers
+    def upload(self, a):
+        return np.ascontiguousarray(a)
+
+    def download(self, a):
+        return np.asarray(a)
+
+    def synchronize(self):
+        pass
+
+    def free_memory(self):
+        return None  # no fixed budget; the pipeline uses its default
+
+    # preprocessing
+    def dog(self, img, k1, k2):
+        return preprocess.dog_cpu(img, k1, k2)
+
+    def bilateral(self, img, r, inv_ss, inv_sc):
+        return preprocess.bilateral_cpu(img, r, inv_ss, inv_sc)
+
+    # costs
+    def census_volume(self, left, right, min_d, ndisp, wx, wy):
+        cl = cost.census_transform_cpu(left, wx, wy)
+        cr = cost.census_transform_cpu(right, wx, wy)
+        return cost.census_volume_cpu(cl, cr, min_d, ndisp, wx * wy - 1)
+
+    def diff_volume(self, left, right, min_d, ndisp, kind):
+        return cost.diff_volume_cpu(left, right, min_d, ndisp, kind)
+
+    def box_mean(self, vol, rx, ry):
+        return cost.box_mean_cpu(vol, rx, ry)
+
+    def finalize_volume(self, m, min_d, kind, ml, ml2, mr, mr2):
+        return cost.finalize_volume_cpu(m, min_d, kind, ml, ml2, mr, mr2)
+
+    def subtract_mean(self, img, mean):
+        return (img - mean.reshape(img.shape) + np.float32(128.0)).astype(np.float32)
+
+    def quantize(self, img):
+        return np.clip(np.floor(img + np.float32(0.5)), 0, 255).astype(np.uint8)
+
+    def table_volume(self, ql, qr, table, min_d, ndisp):
+        return cost.table_volume_cpu(ql, qr, table, min_d, ndisp)
+
+    def joint_histogram(self, ql, qr, disp):
+        return cost.joint_histogram_cpu(ql, qr, disp)
+
+    # aggregation
+    def box_u8(self, vol, r):
+        return aggregate.box_sum_u8_cpu(vol, r)
+
+    def sgm(self, vol, guide, p1, p2, adaptive, paths):
+        h, w, n = vol.shape
+        s = np.empty((h, w, n), np.uint16)
+        aggregate.sgm_horizontal_cpu(vol, guide, p1, p2, adaptive, s)
+        down, up = aggregate.split_directions(paths)
+        aggregate.sgm_sweep_cpu(vol, guide, p1, p2, adaptive, s, down, False)
+        aggregate.sgm_sweep_cpu(vol, guide, p1, p2, adaptive, s, up, True)
+        return s
+
+    # selection
+    def wta(self, s, min_d, uniqueness, subpixel):
+        return select.wta_cpu(s, min_d, np.float32(uniqueness), subpixel)
+
+    def wta_right(self, s, min_d):
+        return select.wta_right_cpu(s, min_d)
+
+    # refinement
+    def lr_check(self, disp, disp_r, max_diff):
+        return refine.lr_check_cpu(disp, disp_r, np.float32(max_diff))
+
+    def speckle(self, disp, max_size, max_diff):
+        labels, sizes = refine.speckle_labels_cpu(disp, np.float32(max_diff))
+        return refine.speckle_apply_cpu(disp, labels, sizes, max_size)
+
+    def fill(self, disp, mode):
+        return refine.fill_cpu(disp, mode)
+
+    def median(self, disp, r):
+        return refine.median_cpu(disp, r)

@@ -1,0 +1,207 @@
+"""Reading images and reading/writing disparity maps.
+
+In memory a disparity map is float32 with NaN where invalid. On disk:
+  .pfm        float32, invalid = inf (Middlebury)
+  .png        uint16, value = round(d * 256), 0 = invalid (KITTI)
+  .npy        float32, invalid = NaN
+  .tif/.tiff  float32, invalid = NaN
+Every writer writes to a temporary file in the target folder and renames it, so a
+reader never sees half a file and a failed write leaves nothing behind.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from .errors import StereoError
+
+DISPARITY_FORMATS = (".pfm", ".png", ".npy", ".tif", ".tiff")
+PNG_MAX = 65535 / 256.0  # largest disparity a KITTI PNG holds
+
+
+def to_grey(img: np.ndarray) -> np.ndarray:
+    """Colour (BGR/BGRA) or grey, 8 or 16 bit -> float32 grey scaled to 0..255."""
+    if img.ndim == 3 and img.shape[2] == 1:
+        img = img[:, :, 0]
+    if img.ndim == 3:
+        code = cv2.COLOR_BGRA2GRAY if img.shape[2] == 4 else cv2.COLOR_BGR2GRAY
+        img = cv2.cvtColor(img, code)
+    if img.ndim != 2:
+        raise StereoError(f"unsupported image shape {img.shape}; give a grey or colour image")
+    if img.dtype == np.uint8:
+        return img.astype(np.float32)
+    if img.dtype == np.uint16:
+        return img.astype(np.float32) * np.float32(255.0 / 65535.0)
+    if img.dtype in (np.float32, np.float64):
+        finite = img[np.isfinite(img)]
+        hi = float(finite.max()) if finite.size else 1.0
+        scale = 255.0 if hi <= 1.0 else 1.0
+        return np.nan_to_num(img.astype(np.float32) * np.float32(scale))
+    raise StereoError(f"unsupported pixel type {img.dtype}; give an 8- or 16-bit image")
+
+
+def decode_image(data: bytes, name: str) -> np.ndarray:
+    img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    if img is None:
+        raise StereoError(f"cannot decode {name}: not an image OpenCV can read (PNG, JPEG, TIFF, PGM/PPM, ...)")
+    return img
+
+
+def read_image(path: str | os.PathLike) -> np.ndarray:
+    """Read an image file as it is stored (grey or colour, 8/16 bit)."""
+    p = Path(path)
+    if not p.exists():
+        raise StereoError(f"{p}: no such file")
+    if p.is_dir():
+        raise StereoError(f"{p} is a folder; give an image file")
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise StereoError(f"cannot read {p}: {e.strerror}") from None
+    return decode_image(data, str(p))
+
+
+def check_output_path(path: str | os.PathLike) -> tuple[Path, str]:
+    """Validate an output path before any work: folder exists, extension known."""
+    p = Path(path)
+    ext = p.suffix.lower()
+    if ext not in DISPARITY_FORMATS:
+        raise StereoError(f"{p}: cannot write disparity as {ext or 'a file without extension'!r}; "
+                          f"use one of {', '.join(DISPARITY_FORMATS)}")
+    folder = p.parent if str(p.parent) else Path(".")
+    if not folder.is_dir():
+        raise StereoError(f"{p}: folder {folder} does not exist; create it first")
+    return p, ext
+
+
+def check_png_range(min_disparity: int, num_disparities: int) -> None:
+    hi = min_disparity + num_disparities
+    if min_disparity < 0 or hi > PNG_MAX:
+        raise StereoError(f"a 16-bit PNG holds disparities 0..{PNG_MAX:.1f} but the range is "
+                          f"{min_disparity}..{hi}; write .pfm, .npy or .tiff instead")
+
+
+def _write_pfm(f, disp: np.ndarray) -> None:
+    h, w = disp.shape
+    out = np.where(np.isfinite(disp), disp, np.inf).astype("<f4")
+    f.write(f"Pf\n{w} {h}\n-1.0\n".encode("ascii"))
+    f.write(np.ascontiguousarray(out[::-1]).tobytes())
+
+
+def read_pfm(data: bytes) -> np.ndarray:
+    """Grey PFM (little or big endian) -> float32, top row first."""
+    lines, pos = [], 0
+    while len(lines) < 3:
+        end = data.index(b"\n", pos)
+        line = data[pos:end].strip()
+        pos = end + 1
+        if line and not line.startswith(b"#"):
+            lines.append(line)
+    if lines[0] != b"Pf":
+        raise StereoError("only grey PFM (header 'Pf') is supported")
+    w, h = (int(v) for v in lines[1].split())
+    scale = float(lines[2])
+    dtype = "<f4" if scale < 0 else ">f4"
+    arr = np.frombuffer(data, dtype=dtype, count=w * h, offset=pos).reshape(h, w)
+    return arr[::-1].astype(np.float32)
+
+
+def encode_disparity(disp: np.ndarray, ext: str) -> bytes:
+    """Encode a float32 NaN-invalid disparity map in the format of `ext`."""
+    import io as _io
+    disp = np.asarray(disp, dtype=np.float32)
+    if ext == ".pfm":
+        buf = _io.BytesIO()
+        _write_pfm(buf, disp)
+        return buf.getvalue()
+    if ext == ".npy":
+        buf = _io.BytesIO()
+        np.save(buf, disp)
+        return buf.getvalue()
+    if ext == ".png":
+        valid = np.isfinite(disp)
+        if valid.any() and (disp[valid].min() < 0 or disp[valid].max() > PNG_MAX):
+            raise StereoError("disparities outside 0..255.99 cannot be stored in a 16-bit PNG; "
+                              "write .pfm, .npy or .tiff instead")
+        v = np.where(valid, np.clip(np.round(disp * 256.0), 1, 65535), 0).astype(np.uint16)
+        ok, enc = cv2.imencode(".png", v)
+    elif ext in (".tif", ".tiff"):
+        ok, enc = cv2.imencode(".tiff", disp)
+    else:
+        raise StereoError(f"cannot write disparity as {ext!r}; use one of {', '.join(DISPARITY_FORMATS)}")
+    if not ok:
+        raise StereoError(f"OpenCV could not encode the disparity as {ext}")
+    return enc.tobytes()
+
+
+def atomic_write(path: str | os.PathLike, data: bytes) -> None:
+    """Write bytes to a temporary file beside `path`, then rename it into place."""
+    p = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".part", dir=p.parent if str(p.parent) else ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_disparity(path: str | os.PathLike, disp: np.ndarray) -> None:
+    p, ext = check_output_path(path)
+    try:
+        atomic_write(p, encode_disparity(disp, ext))
+    except OSError as e:
+        raise StereoError(f"cannot write {p}: {e.strerror}") from None
+
+
+def read_disparity(path: str | os.PathLike) -> np.ndarray:
+    """Read any format write_disparity writes (and Middlebury/KITTI ground truth) -> float32, NaN invalid."""
+    p = Path(path)
+    if not p.is_file():
+        raise StereoError(f"{p}: no such file")
+    ext = p.suffix.lower()
+    data = p.read_bytes()
+    if ext == ".pfm":
+        d = read_pfm(data)
+        return np.where(np.isfinite(d), d, np.nan).astype(np.float32)
+    if ext == ".npy":
+        import io as _io
+        return np.load(_io.BytesIO(data)).astype(np.float32)
+    img = decode_image(data, str(p))
+    if ext == ".png":
+        if img.dtype != np.uint16:
+            raise StereoError(f"{p}: a disparity PNG must be 16-bit (value = d*256, 0 = invalid)")
+        return np.where(img > 0, img.astype(np.float32) / 256.0, np.nan).astype(np.float32)
+    return img.astype(np.float32)
+
+
+def colorize(disp: np.ndarray, min_disparity: float | None = None, max_disparity: float | None = None) -> np.ndarray:
+    """Colour-mapped BGR preview; invalid pixels are black."""
+    valid = np.isfinite(disp)
+    lo = min_disparity if min_disparity is not None else (float(disp[valid].min()) if valid.any() else 0.0)
+    hi = max_disparity if max_disparity is not None else (float(disp[valid].max()) if valid.any() else 1.0)
+    scaled = np.zeros(disp.shape, np.uint8)
+    if hi > lo:
+        scaled[valid] = np.clip((disp[valid] - lo) * (255.0 / (hi - lo)), 0, 255).astype(np.uint8)
+    out = cv2.applyColorMap(scaled, cv2.COLORMAP_TURBO)
+    out[~valid] = 0
+    return out
+
+
+def write_preview(path: str | os.PathLike, disp: np.ndarray, lo=None, hi=None) -> None:
+    p = Path(path)
+    if p.suffix.lower() not in (".png", ".jpg", ".jpeg"):
+        raise StereoError(f"{p}: a preview must be .png or .jpg")
+    folder = p.parent if str(p.parent) else Path(".")
+    if not folder.is_dir():
+        raise StereoError(f"{p}: folder {folder} does not exist; create it first")
+    ok, enc = cv2.imencode(p.suffix.lower(), colorize(disp, lo, hi))
+    atomic_write(p, enc.tobytes())

@@ -1,0 +1,254 @@
+"""The one place that runs the stages in order and times them.
+
+    run(left, right, params, backend) -> Result(disparity, timings, strips, ...)
+
+Images larger than the memory budget are processed in horizontal strips that
+overlap by `STRIP_OVERLAP` rows on each side; the overlap gives the vertical and
+diagonal SGM paths context, and only each strip's own rows are kept.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import cv2
+import numpy as np
+
+from .config import Params
+from .errors import StereoError
+from .io import to_grey
+from .stages import aggregate, cost, preprocess
+
+STRIP_OVERLAP = 48
+DEFAULT_CPU_BUDGET_MIB = 4096
+STAGES = ("upload", "preprocess", "cost", "aggregate", "select", "lr_check", "speckle", "fill", "median", "download")
+
+
+@dataclass
+class Result:
+    disparity: np.ndarray  # float32, NaN = invalid
+    timings: dict = field(default_factory=dict)  # stage -> ms
+    strips: int = 1
+    device: str = "cpu"
+
+    @property
+    def total_ms(self) -> float:
+        return sum(self.timings.values())
+
+
+class _Timer:
+    def __init__(self, backend):
+        self.backend = backend
+        self.ms = {}
+        self.t = time.perf_counter()
+
+    def lap(self, stage):
+        self.backend.synchronize()
+        now = time.perf_counter()
+        self.ms[stage] = self.ms.get(stage, 0.0) + (now - self.t) * 1e3
+        self.t = now
+
+
+def bytes_per_row(width: int, params: Params) -> int:
+    """Bytes of working memory per image row (volumes only)."""
+    d = params.num_disparities
+    per = 1 + 2  # cost volume uint8 + aggregated uint16
+    if params.cost not in ("census", "mi"):
+        per += 12  # float32 difference volume and two box-filter passes
+    if params.block > 1:
+        per += 5
+    return width * d * per
+
+
+def plan_strips(height: int, width: int, params: Params, budget_bytes: int) -> list[tuple[int, int, int, int]]:
+    """[(y0, y1, keep0, keep1)]: strip rows y0..y1 (exclusive), of which keep0..keep1 go to the output."""
+    fixed = 3 * 2 * width * params.num_disparities * 8  # SGM row rings
+    row = bytes_per_row(width, params)
+    rows = (budget_bytes - fixed) // row if budget_bytes > fixed else 0
+    if rows >= height:
+        return [(0, height, 0, height)]
+    core = rows - 2 * STRIP_OVERLAP
+    if core < 16:
+        need_mib = (fixed + row * (16 + 2 * STRIP_OVERLAP)) / 2 ** 20
+        raise StereoError(f"{width} px wide with {params.num_disparities} disparities needs at least "
+                          f"{need_mib:.0f} MiB for one strip; raise --max-memory or reduce --num-disparities")
+    strips = []
+    for k0 in range(0, height, core):
+        k1 = min(height, k0 + core)
+        strips.append((max(0, k0 - STRIP_OVERLAP), min(height, k1 + STRIP_OVERLAP), k0, k1))
+    return strips
+
+
+def check_inputs(left: np.ndarray, right: np.ndarray, params: Params) -> None:
+    if left.shape[:2] != right.shape[:2]:
+        raise StereoError(f"the images differ in size: left is {left.shape[1]}x{left.shape[0]}, "
+                          f"right is {right.shape[1]}x{right.shape[0]}; give a rectified pair of equal size")
+    h, w = left.shape[:2]
+    if h < 2 or w < 2:
+        raise StereoError(f"the images are too small ({w}x{h})")
+    lo, hi = params.min_disparity, params.min_disparity + params.num_disparities - 1
+    if lo >= w or hi <= -w:
+        raise StereoError(f"the disparity range {lo}..{hi} does not fit an image {w} px wide; "
+                          f"lower --num-disparities or --min-disparity")
+    if params.num_disparities > w:
+        raise StereoError(f"--num-disparities {params.num_disparities} is larger than the image width {w}; "
+                          f"use at most {w}")
+
+
+def run(left, right, params: Params, backend, budget_mib: int | None = None) -> Result:
+    """Match a rectified pair (any shape/dtype io.to_grey accepts) -> Result."""
+    params.validate()
+    check_inputs(left, right, params)
+    gl, gr = to_grey(left), to_grey(right)
+    h, w = gl.shape
+    if params.max_memory:
+        budget = params.max_memory * 2 ** 20
+    elif budget_mib:
+        budget = budget_mib * 2 ** 20
+    else:
+        free = backend.free_memory()
+        budget = int(free * 0.7) if free else DEFAULT_CPU_BUDGET_MIB * 2 ** 20
+    strips = plan_strips(h, w, params, budget)
+    timer = _Timer(backend)
+    out = np.empty((h, w), np.float32)
+    for y0, y1, k0, k1 in strips:
+        disp = _run_strip(gl[y0:y1], gr[y0:y1], params, backend, timer)
+        out[k0:k1] = disp[k0 - y0:k1 - y0]
+    return Result(out, {s: timer.ms[s] for s in STAGES if s in timer.ms}, len(strips), backend.name)
+
+
+def _run_strip(gl: np.ndarray, gr: np.ndarray, params: Params, bk, timer: _Timer) -> np.ndarray:
+    guide = np.clip(np.round(gl), 0, 255).astype(np.uint8)
+    L, R, G = bk.upload(gl), bk.upload(gr), bk.upload(guide)
+    timer.lap("upload")
+    L, R = _preprocess(bk, L, R, params)
+    timer.lap("preprocess")
+    if params.cost == "mi":
+        vol = _mi_volume(bk, gl, gr, params, timer)
+    else:
+        vol = cost_volume(bk, L, R, params, params.min_disparity, params.num_disparities)
+    timer.lap("cost")
+    agg = _aggregate(bk, vol, G, params)
+    timer.lap("aggregate")
+    disp = bk.wta(agg, params.min_disparity, params.uniqueness, params.subpixel)
+    timer.lap("select")
+    if params.lr_check:
+        disp = bk.lr_check(disp, bk.wta_right(agg, params.min_disparity), params.lr_max_diff)
+        timer.lap("lr_check")
+    del agg, vol
+    if params.speckle_size > 0:
+        disp = bk.speckle(disp, params.speckle_size, params.speckle_diff)
+        timer.lap("speckle")
+    if params.fill != "none":
+        disp = bk.fill(disp, 1 if params.fill == "background" else 2)
+        timer.lap("fill")
+    if params.median > 1:
+        disp = bk.median(disp, params.median // 2)
+        timer.lap("median")
+    result = bk.download(disp)
+    timer.lap("download")
+    return result
+
+
+def _preprocess(bk, L, R, params: Params):
+    if params.preprocess == "dog":
+        k1, k2 = bk.upload(preprocess.gaussian_kernel(params.dog_sigma1)), \
+            bk.upload(preprocess.gaussian_kernel(params.dog_sigma2))
+        return bk.dog(L, k1, k2), bk.dog(R, k1, k2)
+    if params.preprocess == "bilateral":
+        ss, sc = preprocess.bilateral_constants(params.bilateral_sigma_space, params.bilateral_sigma_color)
+        return (bk.bilateral(L, params.bilateral_radius, ss, sc),
+                bk.bilateral(R, params.bilateral_radius, ss, sc))
+    return L, R
+
+
+def _aggregate(bk, vol, guide, params: Params):
+    if params.block > 1:
+        vol = bk.box_u8(vol, params.block // 2)
+    if params.aggregation == "sgm":
+        return bk.sgm(vol, guide, params.p1, params.p2, params.adaptive_p2, params.paths)
+    return vol
+
+
+def cost_volume(bk, L, R, params: Params, min_d: int, ndisp: int):
+    """The uint8 cost volume of the chosen (non-MI) cost on preprocessed images."""
+    wx, wy = params.window_size()
+    rx, ry = wx // 2, wy // 2
+    c = params.cost
+    if c == "census":
+        return bk.census_volume(L, R, min_d, ndisp, wx, wy)
+    if c == "zsad":
+        L = bk.subtract_mean(L, bk.box_mean(_as_volume(L), rx, ry))
+        R = bk.subtract_mean(R, bk.box_mean(_as_volume(R), rx, ry))
+        c = "sad"
+    if c in ("sad", "bt"):
+        kind = cost.ABS if c == "sad" else cost.BT
+        m = bk.box_mean(bk.diff_volume(L, R, min_d, ndisp, kind), rx, ry)
+        none = bk.upload(np.zeros((1, 1), np.float32))
+        return bk.finalize_volume(m, min_d, 0, none, none, none, none)
+    if c == "ssd":
+        m = bk.box_mean(bk.diff_volume(L, R, min_d, ndisp, cost.SQ), rx, ry)
+        none = bk.upload(np.zeros((1, 1), np.float32))
+        return bk.finalize_volume(m, min_d, 1, none, none, none, none)
+    ml = _plane(bk.box_mean(_as_volume(L), rx, ry))
+    mr = _plane(bk.box_mean(_as_volume(R), rx, ry))
+    if c == "zssd":
+        m = bk.box_mean(bk.diff_volume(L, R, min_d, ndisp, cost.SQ), rx, ry)
+        return bk.finalize_volume(m, min_d, 2, ml, ml, mr, mr)
+    if c == "zncc":
+        ml2 = _plane(bk.box_mean(bk.diff_volume(L, L, 0, 1, cost.PROD), rx, ry))
+        mr2 = _plane(bk.box_mean(bk.diff_volume(R, R, 0, 1, cost.PROD), rx, ry))
+        m = bk.box_mean(bk.diff_volume(L, R, min_d, ndisp, cost.PROD), rx, ry)
+        return bk.finalize_volume(m, min_d, 3, ml, ml2, mr, mr2)
+    raise StereoError(f"unknown cost {c!r}")
+
+
+def _as_volume(img):
+    return img.reshape(img.shape[0], img.shape[1], 1)
+
+
+def _plane(vol):
+    return vol.reshape(vol.shape[0], vol.shape[1])
+
+
+def _mi_volume(bk, gl: np.ndarray, gr: np.ndarray, params: Params, timer: _Timer):
+    """Mutual-information cost volume, computed coarse to fine (Hirschmueller 2008):
+    at the coarsest level the table starts from random disparities and is re-estimated
+    three times; each finer level starts from the disparity of the level below."""
+    levels = max(1, min(params.mi_levels, int(math.log2(max(1, min(gl.shape) // 32))) + 1))
+    disp = None
+    rng = np.random.default_rng(0)
+    for level in range(levels - 1, -1, -1):
+        f = 2 ** level
+        if f > 1:
+            size = (max(2, gl.shape[1] // f), max(2, gl.shape[0] // f))
+            l_img = cv2.resize(gl, size, interpolation=cv2.INTER_AREA)
+            r_img = cv2.resize(gr, size, interpolation=cv2.INTER_AREA)
+        else:
+            l_img, r_img = gl, gr
+        h, w = l_img.shape
+        min_d = int(math.floor(params.min_disparity / f))
+        ndisp = max(2, int(math.ceil((params.min_disparity + params.num_disparities) / f)) - min_d)
+        ql, qr = bk.upload(_quantize(l_img)), bk.upload(_quantize(r_img))
+        if disp is None:
+            disp = rng.uniform(min_d, min_d + ndisp - 1, size=(h, w)).astype(np.float32)
+            rounds = 3
+        else:
+            disp = cv2.resize(disp * 2.0, (w, h), interpolation=cv2.INTER_NEAREST)
+            rounds = 1
+        for _ in range(rounds):
+            table = bk.upload(cost.mi_table(bk.joint_histogram(ql, qr, bk.upload(disp))))
+            vol = bk.table_volume(ql, qr, table, min_d, ndisp)
+            if level == 0:
+                return vol
+            guide = bk.upload(_quantize(l_img))
+            agg = _aggregate(bk, vol, guide, params)
+            d = bk.wta(agg, min_d, 0.0, False)
+            d = bk.lr_check(d, bk.wta_right(agg, min_d), 1.0)
+            disp = bk.download(d)
+    raise AssertionError("unreachable")
+
+
+def _quantize(img: np.ndarray) -> np.ndarray:
+    return np.clip(np.floor(img + 0.5), 0, 255).astype(np.uint8)

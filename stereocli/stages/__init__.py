@@ -1,0 +1,21 @@
+"""Pipeline stages, one module each: preprocess, cost, aggregate, select, refine.
+
+Each module holds
+  * the per-pixel arithmetic as small plain functions decorated with `shared`:
+    compiled with numba.njit for the CPU drivers, and again with
+    numba.cuda.jit(device=True) by `stereocli.backends.cuda` (from `.py_func`),
+    so the two backends run the same arithmetic;
+  * the CPU drivers (`@njit(parallel=True, cache=True)` loops over rows/columns).
+Shared functions are leaves: they call no other shared function, only math and
+array indexing, so they compile unchanged for both targets.
+"""
+import numba
+
+SHARED = []
+
+
+def shared(fn):
+    """Compile `fn` for the CPU (inlined) and register it for the CUDA backend."""
+    cpu = numba.njit(inline="always", cache=True)(fn)
+    SHARED.append(cpu)
+    return cpu

@@ -1,0 +1,255 @@
+"""Matching costs -> cost volume C[y, x, d] (uint8, d contiguous).
+
+Every cost is scaled to 0..255 "cost units" so that P1/P2 mean the same for all
+of them. Index d in 0..D-1 is the disparity min_disparity + d; pixel (x, y) of
+the left image is compared with (x - min_disparity - d, y) of the right image.
+Where that falls outside the right image the cost is OUTSIDE (255).
+
+Window costs (SAD, SSD, their zero-mean forms, ZNCC, BT) are computed as a
+per-pixel volume, then box-summed with running sums, so their time does not grow
+with the window.
+"""
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from . import shared
+
+OUTSIDE = 255
+COST_SCALE = np.float32(4.0)  # grey-level differences -> cost units
+
+# per-pixel difference kinds for diff_volume
+ABS, SQ, PROD, BT = 0, 1, 2, 3
+
+M1 = np.uint64(0x5555555555555555)
+M2 = np.uint64(0x3333333333333333)
+M4 = np.uint64(0x0F0F0F0F0F0F0F0F)
+H01 = np.uint64(0x0101010101010101)
+
+
+# ----------------------------------------------------------------- shared arithmetic
+@shared
+def census_at(img, y, x, wx, wy):
+    """Census string of (x, y): one bit per window pixel (centre excluded), 1 where darker than the centre."""
+    h, w = img.shape
+    c = img[y, x]
+    bits = np.uint64(0)
+    for j in range(-(wy // 2), wy // 2 + 1):
+        yy = min(max(y + j, 0), h - 1)
+        for i in range(-(wx // 2), wx // 2 + 1):
+            if i != 0 or j != 0:
+                xx = min(max(x + i, 0), w - 1)
+                bits = (bits << np.uint64(1)) | np.uint64(1 if img[yy, xx] < c else 0)
+    return bits
+
+
+@shared
+def census_cost_value(a, b, nbits):
+    """Hamming distance of two census strings scaled to 0..255."""
+    v = a ^ b
+    v = v - ((v >> np.uint64(1)) & M1)
+    v = (v & M2) + ((v >> np.uint64(2)) & M2)
+    v = (v + (v >> np.uint64(4))) & M4
+    n = np.int32((v * H01) >> np.uint64(56))
+    return np.uint8((n * 255 + nbits // 2) // nbits)
+
+
+@shared
+def pixel_diff(L, R, y, x, xr, kind):
+    """Per-pixel term of a window cost between L[y, x] and R[y, xr] (xr inside the image)."""
+    a = L[y, x]
+    b = R[y, xr]
+    if kind == 0:
+        return abs(a - b)
+    if kind == 1:
+        return (a - b) * (a - b)
+    if kind == 2:
+        return a * b
+    # Birchfield-Tomasi: distance of each pixel to the other's half-pixel interpolated range
+    w = L.shape[1]
+    a_lo = np.float32(0.5) * (a + L[y, max(x - 1, 0)])
+    a_hi = np.float32(0.5) * (a + L[y, min(x + 1, w - 1)])
+    b_lo = np.float32(0.5) * (b + R[y, max(xr - 1, 0)])
+    b_hi = np.float32(0.5) * (b + R[y, min(xr + 1, w - 1)])
+    amin = min(a, min(a_lo, a_hi))
+    amax = max(a, max(a_lo, a_hi))
+    bmin = min(b, min(b_lo, b_hi))
+    bmax = max(b, max(b_lo, b_hi))
+    d1 = max(np.float32(0.0), max(b - amax, amin - b))
+    d2 = max(np.float32(0.0), max(a - bmax, bmin - a))
+    return min(d1, d2)
+
+
+@shared
+def scaled_cost(v):
+    """A mean grey-level difference (0..255) -> cost units, saturating at 255."""
+    c = v * np.float32(4.0) + np.float32(0.5)
+    if not c < np.float32(255.0):
+        return np.uint8(255)
+    if c < np.float32(0.0):
+        return np.uint8(0)
+    return np.uint8(c)
+
+
+@shared
+def zncc_cost_value(m_lr, m_l, m_l2, m_r, m_r2):
+    """(1 - ZNCC) * 127.5 from window means of L*R, L, L^2, R, R^2."""
+    cov = m_lr - m_l * m_r
+    var = max(m_l2 - m_l * m_l, np.float32(1e-3)) * max(m_r2 - m_r * m_r, np.float32(1e-3))
+    ncc = cov / math.sqrt(var)
+    c = (np.float32(1.0) - ncc) * np.float32(127.5) + np.float32(0.5)
+    return np.uint8(min(max(c, np.float32(0.0)), np.float32(255.0)))
+
+
+@shared
+def zssd_value(m_sq, m_l, m_r):
+    """RMS of the zero-mean difference over a window, from window means."""
+    d = m_l - m_r
+    return math.sqrt(max(m_sq - d * d, np.float32(0.0)))
+
+
+# ----------------------------------------------------------------- CPU drivers
+@njit(parallel=True, cache=True)
+def census_transform_cpu(img, wx, wy):
+    h, w = img.shape
+    out = np.empty((h, w), np.uint64)
+    for y in prange(h):
+        for x in range(w):
+            out[y, x] = census_at(img, y, x, wx, wy)
+    return out
+
+
+@njit(parallel=True, cache=True)
+def census_volume_cpu(cl, cr, min_d, ndisp, nbits):
+    h, w = cl.shape
+    vol = np.empty((h, w, ndisp), np.uint8)
+    for y in prange(h):
+        for x in range(w):
+            for d in range(ndisp):
+                xr = x - min_d - d
+                if xr >= 0 and xr < w:
+                    vol[y, x, d] = census_cost_value(cl[y, x], cr[y, xr], nbits)
+                else:
+                    vol[y, x, d] = 255
+    return vol
+
+
+@njit(parallel=True, cache=True)
+def diff_volume_cpu(L, R, min_d, ndisp, kind):
+    """E[y, x, d] = pixel_diff(L, R, y, x, clamp(x - min_d - d)) as float32."""
+    h, w = L.shape
+    vol = np.empty((h, w, ndisp), np.float32)
+    for y in prange(h):
+        for x in range(w):
+            for d in range(ndisp):
+                xr = min(max(x - min_d - d, 0), w - 1)
+                vol[y, x, d] = pixel_diff(L, R, y, x, xr, kind)
+    return vol
+
+
+@njit(parallel=True, cache=True)
+def box_mean_cpu(V, rx, ry):
+    """Mean over a (2rx+1) x (2ry+1) window of each d-slice of V[y, x, d], edges replicated.
+
+    Running sums: the time does not depend on the window. The order of the float
+    additions is the same as in the CUDA kernels, so both give the same bits.
+    """
+    h, w, n = V.shape
+    tmp = np.empty_like(V)
+    for y in prange(h):
+        for d in range(n):
+            acc = np.float32(0.0)
+            for i in range(-rx, rx + 1):
+                acc += V[y, min(max(i, 0), w - 1), d]
+            for x in range(w):
+                tmp[y, x, d] = acc
+                acc = acc + (V[y, min(x + rx + 1, w - 1), d] - V[y, max(x - rx, 0), d])
+    out = np.empty_like(V)
+    inv = np.float32(1.0 / ((2 * rx + 1) * (2 * ry + 1)))
+    for x in prange(w):
+        for d in range(n):
+            acc = np.float32(0.0)
+            for j in range(-ry, ry + 1):
+                acc += tmp[min(max(j, 0), h - 1), x, d]
+            for y in range(h):
+                out[y, x, d] = acc * inv
+                acc = acc + (tmp[min(y + ry + 1, h - 1), x, d] - tmp[max(y - ry, 0), x, d])
+    return out
+
+
+@njit(parallel=True, cache=True)
+def finalize_volume_cpu(M, min_d, kind, ml, ml2, mr, mr2):
+    """Window means -> uint8 cost volume. kind: 0 = mean difference (SAD, BT),
+    1 = mean square (SSD: RMS), 2 = zero-mean SSD, 3 = ZNCC (M holds mean of L*R)."""
+    h, w, n = M.shape
+    vol = np.empty((h, w, n), np.uint8)
+    for y in prange(h):
+        for x in range(w):
+            for d in range(n):
+                xr = x - min_d - d
+                if xr < 0 or xr >= w:
+                    vol[y, x, d] = 255
+                elif kind == 0:
+                    vol[y, x, d] = scaled_cost(M[y, x, d])
+                elif kind == 1:
+                    vol[y, x, d] = scaled_cost(math.sqrt(M[y, x, d]))
+                elif kind == 2:
+                    vol[y, x, d] = scaled_cost(zssd_value(M[y, x, d], ml[y, x], mr[y, xr]))
+                else:
+                    vol[y, x, d] = zncc_cost_value(M[y, x, d], ml[y, x], ml2[y, x], mr[y, xr], mr2[y, xr])
+    return vol
+
+
+@njit(parallel=True, cache=True)
+def table_volume_cpu(ql, qr, table, min_d, ndisp):
+    """C[y, x, d] = table[ql[y, x], qr[y, x - d]] (mutual information lookup)."""
+    h, w = ql.shape
+    vol = np.empty((h, w, ndisp), np.uint8)
+    for y in prange(h):
+        for x in range(w):
+            for d in range(ndisp):
+                xr = x - min_d - d
+                if xr >= 0 and xr < w:
+                    vol[y, x, d] = table[ql[y, x], qr[y, xr]]
+                else:
+                    vol[y, x, d] = 255
+    return vol
+
+
+@njit(cache=True)
+def joint_histogram_cpu(ql, qr, disp):
+    """Joint histogram of (ql[y, x], qr[y, round(x - disp)]) over pixels with a valid disparity."""
+    h, w = ql.shape
+    hist = np.zeros((256, 256), np.float64)
+    for y in range(h):
+        for x in range(w):
+            d = disp[y, x]
+            if d == d:
+                xr = int(math.floor(x - d + 0.5))
+                if xr >= 0 and xr < w:
+                    hist[ql[y, x], qr[y, xr]] += 1.0
+    return hist
+
+
+def mi_table(hist: np.ndarray, sigma: float = 1.0) -> np.ndarray:
+    """Hirschmueller's MI cost table from a joint histogram: Parzen (Gaussian) smoothing of
+    the probabilities and of their -log, then c(i, k) = -(h_L(i) + h_R(k) - h_LR(i, k)),
+    shifted and scaled to 0..255 cost units (uint8 256x256)."""
+    import cv2
+    n = hist.sum()
+    if n <= 0:
+        return np.full((256, 256), 128, np.uint8)
+    p = (hist / n).astype(np.float64)
+    eps = 1e-7
+    p_s = cv2.GaussianBlur(p, (7, 7), sigma)
+    h_lr = cv2.GaussianBlur(-np.log(p_s + eps), (7, 7), sigma) / n
+    pl, pr = p.sum(axis=1), p.sum(axis=0)
+    gk = cv2.getGaussianKernel(7, sigma).ravel()
+    h_l = np.convolve(-np.log(np.convolve(pl, gk, mode="same") + eps), gk, mode="same") / n
+    h_r = np.convolve(-np.log(np.convolve(pr, gk, mode="same") + eps), gk, mode="same") / n
+    mi = h_l[:, None] + h_r[None, :] - h_lr
+    cost = -mi
+    lo, hi = np.percentile(cost, 1), np.percentile(cost, 99)
+    scaled = (cost - lo) * (255.0 / max(hi - lo, 1e-12))
+    return np.clip(np.round(scaled), 0, 255).astype(np.uint8)

@@ -1,0 +1,164 @@
+"""Refinement of a float32 disparity map (NaN = invalid): left-right check,
+speckle filter, filling of rejected pixels, median filter."""
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from . import shared
+
+
+@shared
+def lr_check_at(disp, disp_r, y, x, max_diff):
+    """NaN unless the right map, at the pixel this one matches, agrees within max_diff."""
+    d = disp[y, x]
+    if not d == d:
+        return d
+    w = disp.shape[1]
+    xr = np.int32(math.floor(np.float32(x) - d + np.float32(0.5)))
+    if xr < 0 or xr >= w:
+        return np.float32(math.nan)
+    dr = disp_r[y, xr]
+    if not abs(d - dr) <= max_diff:
+        return np.float32(math.nan)
+    return d
+
+
+@shared
+def median_at(disp, y, x, r, window):
+    """Median of the valid values in the (2r+1)^2 window (NaN if none); an invalid
+    centre stays invalid. `window` is scratch of length (2r+1)^2."""
+    c = disp[y, x]
+    if not c == c:
+        return c
+    h, w = disp.shape
+    n = 0
+    for j in range(-r, r + 1):
+        yy = min(max(y + j, 0), h - 1)
+        for i in range(-r, r + 1):
+            v = disp[yy, min(max(x + i, 0), w - 1)]
+            if v == v:
+                # insertion sort
+                k = n
+                while k > 0 and window[k - 1] > v:
+                    window[k] = window[k - 1]
+                    k -= 1
+                window[k] = v
+                n += 1
+    if n % 2 == 1:
+        return window[n // 2]
+    return np.float32(0.5) * (window[n // 2 - 1] + window[n // 2])
+
+
+@shared
+def fill_row_at(disp, y, x, mode):
+    """Value for an invalid pixel from the nearest valid pixels left and right on its
+    row: mode 1 (background) takes the smaller disparity, mode 2 (nearest) the closer."""
+    c = disp[y, x]
+    if c == c:
+        return c
+    w = disp.shape[1]
+    left = np.float32(math.nan)
+    dl = 0
+    for i in range(x - 1, -1, -1):
+        v = disp[y, i]
+        if v == v:
+            left = v
+            dl = x - i
+            break
+    right = np.float32(math.nan)
+    dr = 0
+    for i in range(x + 1, w):
+        v = disp[y, i]
+        if v == v:
+            right = v
+            dr = i - x
+            break
+    if not left == left:
+        return right
+    if not right == right:
+        return left
+    if mode == 1:
+        return min(left, right)
+    return left if dl <= dr else right
+
+
+@njit(parallel=True, cache=True)
+def lr_check_cpu(disp, disp_r, max_diff):
+    h, w = disp.shape
+    out = np.empty_like(disp)
+    for y in prange(h):
+        for x in range(w):
+            out[y, x] = lr_check_at(disp, disp_r, y, x, max_diff)
+    return out
+
+
+@njit(parallel=True, cache=True)
+def median_cpu(disp, r):
+    h, w = disp.shape
+    out = np.empty_like(disp)
+    for y in prange(h):
+        window = np.empty((2 * r + 1) * (2 * r + 1), np.float32)
+        for x in range(w):
+            out[y, x] = median_at(disp, y, x, r, window)
+    return out
+
+
+@njit(parallel=True, cache=True)
+def fill_cpu(disp, mode):
+    h, w = disp.shape
+    out = np.empty_like(disp)
+    for y in prange(h):
+        for x in range(w):
+            out[y, x] = fill_row_at(disp, y, x, mode)
+    return out
+
+
+@njit(cache=True)
+def speckle_labels_cpu(disp, max_diff):
+    """4-connected regions of valid pixels whose neighbours differ by at most max_diff.
+    Returns (labels int32 HxW, -1 invalid; sizes per label)."""
+    h, w = disp.shape
+    labels = np.full((h, w), -1, np.int32)
+    sizes = np.zeros(h * w, np.int32)
+    stack = np.empty(h * w, np.int32)
+    n = 0
+    for y0 in range(h):
+        for x0 in range(w):
+            if labels[y0, x0] >= 0 or not disp[y0, x0] == disp[y0, x0]:
+                continue
+            labels[y0, x0] = n
+            top = 0
+            stack[0] = y0 * w + x0
+            top = 1
+            size = 0
+            while top > 0:
+                top -= 1
+                p = stack[top]
+                y = p // w
+                x = p - y * w
+                size += 1
+                v = disp[y, x]
+                for k in range(4):
+                    yy = y + (1 if k == 0 else (-1 if k == 1 else 0))
+                    xx = x + (1 if k == 2 else (-1 if k == 3 else 0))
+                    if yy >= 0 and yy < h and xx >= 0 and xx < w and labels[yy, xx] < 0:
+                        u = disp[yy, xx]
+                        if u == u and abs(u - v) <= max_diff:
+                            labels[yy, xx] = n
+                            stack[top] = yy * w + xx
+                            top += 1
+            sizes[n] = size
+            n += 1
+    return labels, sizes[:n]
+
+
+@njit(parallel=True, cache=True)
+def speckle_apply_cpu(disp, labels, sizes, max_size):
+    h, w = disp.shape
+    out = np.empty_like(disp)
+    for y in prange(h):
+        for x in range(w):
+            lab = labels[y, x]
+            out[y, x] = np.float32(math.nan) if lab < 0 or sizes[lab] <= max_size else disp[y, x]
+    return out

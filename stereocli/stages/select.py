@@ -1,0 +1,85 @@
+"""Disparity selection: winner-takes-all with a uniqueness test and parabola subpixel fit.
+
+Works on any aggregated volume S[y, x, d] (uint16 from SGM or uint8 from block
+matching). Only the disparities whose right pixel lies inside the image compete.
+"""
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from . import shared
+
+
+@shared
+def wta_at(S, y, x, min_d, uniqueness, subpixel):
+    """Disparity of the left pixel (x, y), NaN when no disparity is possible or
+    the best cost does not win by `uniqueness` percent over every cost more than
+    one disparity away."""
+    w = S.shape[1]
+    n = S.shape[2]
+    lo = max(0, x - (w - 1) - min_d)
+    hi = min(n - 1, x - min_d)
+    if hi < lo:
+        return np.float32(math.nan)
+    best = lo
+    bc = np.int32(S[y, x, lo])
+    for d in range(lo + 1, hi + 1):
+        c = np.int32(S[y, x, d])
+        if c < bc:
+            bc = c
+            best = d
+    if uniqueness > 0.0:
+        limit = np.float32(bc) * np.float32(100.0)
+        keep = np.float32(100.0) - uniqueness
+        for d in range(lo, hi + 1):
+            if abs(d - best) > 1 and np.float32(S[y, x, d]) * keep < limit:
+                return np.float32(math.nan)
+    disp = np.float32(best + min_d)
+    if subpixel and best > lo and best < hi:
+        c0 = np.int32(S[y, x, best - 1])
+        c2 = np.int32(S[y, x, best + 1])
+        den = c0 + c2 - 2 * bc
+        if den > 0:
+            disp += np.float32(c0 - c2) / np.float32(2 * den)
+    return disp
+
+
+@shared
+def wta_right_at(S, y, xr, min_d):
+    """Integer disparity of the right pixel (xr, y) from the left-referenced volume:
+    argmin over d of S[y, xr + min_d + d, d]; NaN when no left pixel matches."""
+    w = S.shape[1]
+    n = S.shape[2]
+    best = -1
+    bc = np.int32(0x7FFFFFFF)
+    for d in range(n):
+        x = xr + min_d + d
+        if x >= 0 and x < w:
+            c = np.int32(S[y, x, d])
+            if c < bc:
+                bc = c
+                best = d
+    if best < 0:
+        return np.float32(math.nan)
+    return np.float32(best + min_d)
+
+
+@njit(parallel=True, cache=True)
+def wta_cpu(S, min_d, uniqueness, subpixel):
+    h, w, _ = S.shape
+    out = np.empty((h, w), np.float32)
+    for y in prange(h):
+        for x in range(w):
+            out[y, x] = wta_at(S, y, x, min_d, uniqueness, subpixel)
+    return out
+
+
+@njit(parallel=True, cache=True)
+def wta_right_cpu(S, min_d):
+    h, w, _ = S.shape
+    out = np.empty((h, w), np.float32)
+    for y in prange(h):
+        for x in range(w):
+            out[y, x] = wta_right_at(S, y, x, min_d)
+    return out
