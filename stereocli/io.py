@@ -79,9 +79,9 @@ def check_output_path(path: str | os.PathLike) -> tuple[Path, str]:
 
 
 def check_png_range(min_disparity: int, num_disparities: int) -> None:
-    hi = min_disparity + num_disparities
-    if min_disparity < 0 or hi > PNG_MAX:
-        raise StereoError(f"a 16-bit PNG holds disparities 0..{PNG_MAX:.1f} but the range is "
+    hi = min_disparity + num_disparities - 1
+    if min_disparity < 0 or hi + 0.5 > PNG_MAX:
+        raise StereoError(f"a 16-bit PNG holds disparities 0..255 but the range is "
                           f"{min_disparity}..{hi}; write .pfm, .npy or .tiff instead")
 
 
@@ -145,6 +145,9 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual permissions
         os.replace(tmp, p)
     except BaseException:
         try:
@@ -196,12 +199,17 @@ def colorize(disp: np.ndarray, min_disparity: float | None = None, max_disparity
     return out
 
 
-def write_preview(path: str | os.PathLike, disp: np.ndarray, lo=None, hi=None) -> None:
+def check_preview_path(path: str | os.PathLike) -> Path:
     p = Path(path)
     if p.suffix.lower() not in (".png", ".jpg", ".jpeg"):
         raise StereoError(f"{p}: a preview must be .png or .jpg")
     folder = p.parent if str(p.parent) else Path(".")
     if not folder.is_dir():
         raise StereoError(f"{p}: folder {folder} does not exist; create it first")
+    return p
+
+
+def write_preview(path: str | os.PathLike, disp: np.ndarray, lo=None, hi=None) -> None:
+    p = check_preview_path(path)
     ok, enc = cv2.imencode(p.suffix.lower(), colorize(disp, lo, hi))
     atomic_write(p, enc.tobytes())

@@ -72,7 +72,7 @@ def plan_strips(height: int, width: int, params: Params, budget_bytes: int) -> l
     if core < 16:
         need_mib = (fixed + row * (16 + 2 * STRIP_OVERLAP)) / 2 ** 20
         raise StereoError(f"{width} px wide with {params.num_disparities} disparities needs at least "
-                          f"{need_mib:.0f} MiB for one strip; raise --max-memory or reduce --num-disparities")
+                          f"{math.ceil(need_mib)} MiB for one strip; raise --max-memory or reduce --num-disparities")
     strips = []
     for k0 in range(0, height, core):
         k1 = min(height, k0 + core)

@@ -193,7 +193,7 @@ def finalize_volume_cpu(M, min_d, kind, ml, ml2, mr, mr2):
                 elif kind == 0:
                     vol[y, x, d] = scaled_cost(M[y, x, d])
                 elif kind == 1:
-                    vol[y, x, d] = scaled_cost(math.sqrt(M[y, x, d]))
+                    vol[y, x, d] = scaled_cost(math.sqrt(max(M[y, x, d], np.float32(0.0))))  # running sums can dip below 0
                 elif kind == 2:
                     vol[y, x, d] = scaled_cost(zssd_value(M[y, x, d], ml[y, x], mr[y, xr]))
                 else:

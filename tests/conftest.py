@@ -1,0 +1,30 @@
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "sample_data"
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+def textured_pair(h=20, w=32, shift=3, seed=0):
+    """A random-texture pair where the right image is the left shifted by `shift` px
+    (disparity = shift everywhere except the left border)."""
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 256, size=(h, w + shift + 8)).astype(np.float32)
+    import cv2
+    base = cv2.GaussianBlur(base, (3, 3), 0.8)
+    left = base[:, 0:w].copy()
+    right = base[:, shift:shift + w].copy()  # right(x - shift) == left(x)
+    return left, right
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
+
+
+def pytest_report_header(config):
+    return f"NUMBA_ENABLE_CUDASIM={os.environ.get('NUMBA_ENABLE_CUDASIM', '0')}"

@@ -1,0 +1,250 @@
+"""Small, slow, obviously-correct NumPy references for the stages (tiny images only)."""
+import math
+
+import numpy as np
+
+OUTSIDE = 255
+
+
+def clamp(v, lo, hi):
+    return min(max(v, lo), hi)
+
+
+def census(img, wx, wy):
+    h, w = img.shape
+    out = np.zeros((h, w), np.uint64)
+    for y in range(h):
+        for x in range(w):
+            bits = 0
+            for j in range(-(wy // 2), wy // 2 + 1):
+                for i in range(-(wx // 2), wx // 2 + 1):
+                    if i == 0 and j == 0:
+                        continue
+                    v = img[clamp(y + j, 0, h - 1), clamp(x + i, 0, w - 1)]
+                    bits = (bits << 1) | int(v < img[y, x])
+            out[y, x] = bits
+    return out
+
+
+def census_volume(L, R, min_d, ndisp, wx, wy):
+    cl, cr = census(L, wx, wy), census(R, wx, wy)
+    nbits = wx * wy - 1
+    h, w = L.shape
+    vol = np.full((h, w, ndisp), OUTSIDE, np.uint8)
+    for y in range(h):
+        for x in range(w):
+            for d in range(ndisp):
+                xr = x - min_d - d
+                if 0 <= xr < w:
+                    ham = bin(int(cl[y, x]) ^ int(cr[y, xr])).count("1")
+                    vol[y, x, d] = (ham * 255 + nbits // 2) // nbits
+    return vol
+
+
+def window_mean(img, y, x, rx, ry):
+    h, w = img.shape
+    s = 0.0
+    for j in range(-ry, ry + 1):
+        for i in range(-rx, rx + 1):
+            s += img[clamp(y + j, 0, h - 1), clamp(x + i, 0, w - 1)]
+    return s / ((2 * rx + 1) * (2 * ry + 1))
+
+
+def window_cost_volume(L, R, min_d, ndisp, rx, ry, kind):
+    """kind: sad, ssd, zncc, zssd. Returns float costs in cost units (before uint8 rounding), NaN outside."""
+    h, w = L.shape
+    L = L.astype(np.float64)
+    R = R.astype(np.float64)
+    vol = np.full((h, w, ndisp), np.nan)
+    for d in range(ndisp):
+        Rs = np.empty_like(R)
+        for x in range(w):
+            Rs[:, x] = R[:, clamp(x - min_d - d, 0, w - 1)]
+        for y in range(h):
+            for x in range(w):
+                xr = x - min_d - d
+                if not 0 <= xr < w:
+                    continue
+                ys = [clamp(y + j, 0, h - 1) for j in range(-ry, ry + 1)]
+                xs = [clamp(x + i, 0, w - 1) for i in range(-rx, rx + 1)]
+                a = L[np.ix_(ys, xs)]
+                b = Rs[np.ix_(ys, xs)]
+                if kind == "sad":
+                    vol[y, x, d] = 4 * np.abs(a - b).mean()
+                elif kind == "ssd":
+                    vol[y, x, d] = 4 * math.sqrt(((a - b) ** 2).mean())
+                elif kind == "zssd":
+                    vol[y, x, d] = 4 * math.sqrt(max(0.0, (((a - a.mean()) - (b - b.mean())) ** 2).mean()))
+                elif kind == "zncc":
+                    va = max(a.var(), 1e-3)
+                    vb = max(b.var(), 1e-3)
+                    ncc = ((a - a.mean()) * (b - b.mean())).mean() / math.sqrt(va * vb)
+                    vol[y, x, d] = (1 - ncc) * 127.5
+    return np.minimum(vol, 255)
+
+
+DIRS = {
+    4: [(1, 0), (-1, 0), (0, 1), (0, -1)],
+    8: [(1, 0), (-1, 0), (0, 1), (0, -1), (1, 1), (-1, 1), (1, -1), (-1, -1)],
+}
+DIRS[16] = DIRS[8] + [(2, 1), (-2, 1), (1, 2), (-1, 2), (2, -1), (-2, -1), (1, -2), (-1, -2)]
+
+
+def sgm(C, guide, p1, p2, adaptive, paths):
+    """Textbook SGM: for each direction visit pixels in an order where the previous pixel
+    (x - dx, y - dy) comes first, L = C + min(...) - min(prev), S = sum over directions."""
+    h, w, n = C.shape
+    S = np.zeros((h, w, n), np.int64)
+    C = C.astype(np.int64)
+    for dx, dy in DIRS[paths]:
+        L = np.zeros((h, w, n), np.int64)
+        ys = range(h) if dy >= 0 else range(h - 1, -1, -1)
+        xs = list(range(w)) if dx >= 0 else list(range(w - 1, -1, -1))
+        for y in ys:
+            for x in xs:
+                px, py = x - dx, y - dy
+                if not (0 <= px < w and 0 <= py < h):
+                    L[y, x] = C[y, x]
+                    continue
+                prev = L[py, px]
+                m = prev.min()
+                pen2 = p2
+                if adaptive:
+                    step = abs(int(guide[y, x]) - int(guide[py, px]))
+                    pen2 = max(p1, (p2 * 16) // (16 + step))
+                for d in range(n):
+                    best = prev[d]
+                    if d > 0:
+                        best = min(best, prev[d - 1] + p1)
+                    if d < n - 1:
+                        best = min(best, prev[d + 1] + p1)
+                    best = min(best, m + pen2)
+                    L[y, x, d] = C[y, x, d] + best - m
+        S += L
+    return S
+
+
+def wta(S, min_d, uniqueness, subpixel):
+    h, w, n = S.shape
+    out = np.full((h, w), np.nan, np.float32)
+    for y in range(h):
+        for x in range(w):
+            cand = [d for d in range(n) if 0 <= x - min_d - d < w]
+            if not cand:
+                continue
+            costs = {d: int(S[y, x, d]) for d in cand}
+            best = min(cand, key=lambda d: (costs[d], d))
+            bc = costs[best]
+            if uniqueness > 0 and any(costs[d] * (100 - uniqueness) < bc * 100
+                                      for d in cand if abs(d - best) > 1):
+                continue
+            v = np.float32(best + min_d)
+            if subpixel and cand[0] < best < cand[-1]:
+                c0, c2 = costs[best - 1], costs[best + 1]
+                den = c0 + c2 - 2 * bc
+                if den > 0:  # parabola vertex, in float32 like the product
+                    v += np.float32(c0 - c2) / np.float32(2 * den)
+            out[y, x] = v
+    return out
+
+
+def wta_right(S, min_d):
+    h, w, n = S.shape
+    out = np.full((h, w), np.nan, np.float32)
+    for y in range(h):
+        for xr in range(w):
+            cand = [(int(S[y, xr + min_d + d, d]), d) for d in range(n) if 0 <= xr + min_d + d < w]
+            if cand:
+                out[y, xr] = min(cand)[1] + min_d
+    return out
+
+
+def lr_check(disp, disp_r, max_diff):
+    h, w = disp.shape
+    out = disp.copy()
+    for y in range(h):
+        for x in range(w):
+            d = disp[y, x]
+            if np.isnan(d):
+                continue
+            xr = int(math.floor(x - d + 0.5))
+            if not 0 <= xr < w or not abs(d - disp_r[y, xr]) <= max_diff:
+                out[y, x] = np.nan
+    return out
+
+
+def speckle(disp, max_size, max_diff):
+    h, w = disp.shape
+    seen = np.zeros((h, w), bool)
+    out = disp.copy()
+    for y0 in range(h):
+        for x0 in range(w):
+            if seen[y0, x0] or np.isnan(disp[y0, x0]):
+                continue
+            region, todo = [], [(y0, x0)]
+            seen[y0, x0] = True
+            while todo:
+                y, x = todo.pop()
+                region.append((y, x))
+                for yy, xx in ((y + 1, x), (y - 1, x), (y, x + 1), (y, x - 1)):
+                    if 0 <= yy < h and 0 <= xx < w and not seen[yy, xx] and not np.isnan(disp[yy, xx]) \
+                            and abs(disp[yy, xx] - disp[y, x]) <= max_diff:
+                        seen[yy, xx] = True
+                        todo.append((yy, xx))
+            if len(region) <= max_size:
+                for y, x in region:
+                    out[y, x] = np.nan
+    return out
+
+
+def fill(disp, mode):
+    h, w = disp.shape
+    out = disp.copy()
+    for y in range(h):
+        valid = [x for x in range(w) if not np.isnan(disp[y, x])]
+        for x in range(w):
+            if not np.isnan(disp[y, x]):
+                continue
+            left = [v for v in valid if v < x]
+            right = [v for v in valid if v > x]
+            cands = []
+            if left:
+                cands.append((x - left[-1], disp[y, left[-1]]))
+            if right:
+                cands.append((right[0] - x, disp[y, right[0]]))
+            if not cands:
+                continue
+            if mode == "background":
+                out[y, x] = min(v for _, v in cands)
+            else:
+                out[y, x] = min(cands, key=lambda c: c[0])[1] if len(cands) == 1 or cands[0][0] != cands[1][0] \
+                    else cands[0][1]
+    return out
+
+
+def median(disp, r):
+    h, w = disp.shape
+    out = disp.copy()
+    for y in range(h):
+        for x in range(w):
+            if np.isnan(disp[y, x]):
+                continue
+            vals = [disp[clamp(y + j, 0, h - 1), clamp(x + i, 0, w - 1)]
+                    for j in range(-r, r + 1) for i in range(-r, r + 1)]
+            vals = [v for v in vals if not np.isnan(v)]
+            out[y, x] = np.float32(np.median(np.array(vals, np.float32)))
+    return out
+
+
+def gaussian_blur(img, k):
+    h, w = img.shape
+    r = len(k) // 2
+    tmp = np.zeros_like(img, dtype=np.float64)
+    for y in range(h):
+        for x in range(w):
+            tmp[y, x] = sum(k[i] * img[y, clamp(x + i - r, 0, w - 1)] for i in range(len(k)))
+    out = np.zeros_like(tmp)
+    for y in range(h):
+        for x in range(w):
+            out[y, x] = sum(k[i] * tmp[clamp(y + i - r, 0, h - 1), x] for i in range(len(k)))
+    return out

@@ -1,0 +1,85 @@
+"""The whole pipeline (Python API) on synthetic pairs with a known shift and on the sample pair."""
+import cv2
+import numpy as np
+import pytest
+
+import stereocli
+from conftest import SAMPLE, textured_pair
+from stereocli import io, metrics
+from stereocli.config import COSTS
+
+
+@pytest.mark.parametrize("cost", COSTS)
+def test_every_cost_finds_an_integer_shift(cost):
+    left, right = textured_pair(h=40, w=64, shift=5, seed=3)
+    disp, timings = stereocli.match(left, right, num_disparities=12, cost=cost, median=0)
+    inner = disp[4:-4, 16:-4]
+    assert np.nanmean(np.abs(inner - 5) < 0.5) > 0.95
+    assert "aggregate" in timings and timings["cost"] >= 0
+
+
+@pytest.mark.parametrize("shift", [3.25, 4.5, 6.75])
+def test_subpixel_follows_a_fractional_shift(shift):
+    rng = np.random.default_rng(7)
+    big = cv2.GaussianBlur(rng.integers(0, 256, (48, 120)).astype(np.float32), (5, 5), 1.2)
+    m = np.float32([[1, 0, shift], [0, 1, 0]])  # right(x) = left(x + shift)
+    right = cv2.warpAffine(big, m, (120, 48), flags=cv2.INTER_CUBIC | cv2.WARP_INVERSE_MAP, borderMode=cv2.BORDER_REFLECT)
+    disp, _ = stereocli.match(big, right, num_disparities=16, median=0, fill="none")
+    inner = disp[6:-6, 24:-8]
+    assert np.nanmedian(np.abs(inner - shift)) < 0.2
+    assert np.nanmean(np.abs(inner - shift) < 0.5) > 0.9
+
+
+def test_negative_min_disparity():
+    left, right = textured_pair(h=30, w=60, shift=2, seed=5)
+    # search -6..9: the answer 2 is inside
+    disp, _ = stereocli.match(right[:, ::-1].copy(), left[:, ::-1].copy(), num_disparities=16, min_disparity=-6)
+    inner = disp[4:-4, 4:-12]
+    # swapping and mirroring the pair keeps the disparity at +2
+    assert np.nanmean(np.abs(inner - 2) < 0.5) > 0.9
+
+
+def test_block_matching_and_paths_options_run():
+    left, right = textured_pair(h=32, w=48, shift=4, seed=9)
+    for opts in ({"aggregation": "none", "block": 5}, {"paths": 4}, {"paths": 16},
+                 {"preprocess": "dog"}, {"preprocess": "bilateral"}, {"lr_check": False, "fill": "nearest"}):
+        disp, _ = stereocli.match(left, right, num_disparities=8, **opts)
+        assert np.nanmean(np.abs(disp[4:-4, 12:-4] - 4) < 0.5) > 0.9, opts
+
+
+def test_sample_pair_is_accurate():
+    left, right = io.read_image(SAMPLE / "left.png"), io.read_image(SAMPLE / "right.png")
+    gt = io.read_disparity(SAMPLE / "disp.pfm")
+    disp, _ = stereocli.match(left, right, num_disparities=16)
+    m = metrics.evaluate(disp, gt)
+    assert m["bad2"] < 0.06  # OpenCV StereoSGBM: 6.0 % (shared/data/README.md)
+    assert m["density"] > 0.99
+
+
+def test_strips_stay_close_to_the_unsplit_result():
+    left, right = io.read_image(SAMPLE / "left.png"), io.read_image(SAMPLE / "right.png")
+    whole, _ = stereocli.match(left, right, num_disparities=16)
+    from stereocli import config, pipeline
+    from stereocli.backends.cpu import CpuBackend
+    params = config.load("default", None, {"num_disparities": 16, "max_memory": 3})
+    res = pipeline.run(left, right, params, CpuBackend())
+    assert res.strips > 1
+    same = np.isclose(res.disparity, whole, atol=0.5) | (np.isnan(res.disparity) & np.isnan(whole))
+    assert same.mean() > 0.98
+
+
+def test_memory_budget_too_small_is_a_user_error():
+    left, right = textured_pair(h=40, w=2000)
+    with pytest.raises(stereocli.StereoError, match="max-memory"):
+        stereocli.match(left, right, num_disparities=256, max_memory=1)
+
+
+def test_colour_and_16bit_inputs_give_the_same_result_as_grey():
+    left = cv2.imread(str(SAMPLE / "left.png"))
+    right = cv2.imread(str(SAMPLE / "right.png"))
+    d8, _ = stereocli.match(left, right, num_disparities=16)
+    gl, gr = cv2.cvtColor(left, cv2.COLOR_BGR2GRAY), cv2.cvtColor(right, cv2.COLOR_BGR2GRAY)
+    dg, _ = stereocli.match(gl, gr, num_disparities=16)
+    np.testing.assert_array_equal(d8, dg)
+    d16, _ = stereocli.match(gl.astype(np.uint16) * 257, gr.astype(np.uint16) * 257, num_disparities=16)
+    np.testing.assert_allclose(d16, dg, atol=1e-3)

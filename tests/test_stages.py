@@ -1,0 +1,138 @@
+"""Each CPU stage against the slow NumPy reference in tests/reference.py.
+
+Integer stages (census, SGM, WTA on integer volumes, LR check, speckle, fill,
+median) must agree bit for bit; float window costs agree to 1 cost unit
+(the uint8 rounding of a float mean)."""
+import numpy as np
+import pytest
+
+import reference as ref
+from stereocli.backends.cpu import CpuBackend
+from stereocli.config import Params
+from stereocli.pipeline import cost_volume
+from stereocli.stages import preprocess
+
+BK = CpuBackend()
+
+
+def random_images(rng, h=12, w=20):
+    return (rng.integers(0, 256, (h, w)).astype(np.float32),
+            rng.integers(0, 256, (h, w)).astype(np.float32))
+
+
+@pytest.mark.parametrize("wx,wy,min_d", [(9, 7, 0), (5, 3, -2), (3, 3, 4)])
+def test_census_volume_matches_reference(rng, wx, wy, min_d):
+    L, R = random_images(rng)
+    got = BK.census_volume(L, R, min_d, 6, wx, wy)
+    assert got.dtype == np.uint8
+    np.testing.assert_array_equal(got, ref.census_volume(L, R, min_d, 6, wx, wy))
+
+
+@pytest.mark.parametrize("kind", ["sad", "ssd", "zssd", "zncc"])
+def test_window_costs_match_reference(rng, kind):
+    L, R = random_images(rng, 10, 16)
+    p = Params(cost=kind, window=(5, 3))
+    got = cost_volume(BK, L, R, p, 1, 5).astype(np.float64)
+    want = ref.window_cost_volume(L, R, 1, 5, 2, 1, kind)
+    assert np.all(got[np.isnan(want)] == 255)
+    # where both windows lie inside the images (borders replicate edge pixels and the
+    # zero-mean costs take the right window's mean around x - d)
+    h, w, n = want.shape
+    y, x, d = np.meshgrid(np.arange(h), np.arange(w), np.arange(n), indexing="ij")
+    inner = (y >= 1) & (y < h - 1) & (x + 2 < w) & (x - 1 - d - 2 >= 0)
+    assert inner.sum() > 100
+    assert np.abs(got[inner] - want[inner]).max() <= 1.0
+
+
+def test_sad_cost_is_zero_at_true_shift():
+    from conftest import textured_pair
+    L, R = textured_pair(shift=3)
+    vol = cost_volume(BK, L, R, Params(cost="sad", window=(3, 3)), 0, 8)
+    assert np.all(vol[:, 4:, 3] == 0)  # window (3x3) inside the right image
+    assert np.all(vol[:, 3:, 5] > 0)
+
+
+@pytest.mark.parametrize("paths", [4, 8, 16])
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_sgm_matches_reference(rng, paths, adaptive):
+    h, w, n = 9, 11, 7
+    C = rng.integers(0, 256, (h, w, n)).astype(np.uint8)
+    guide = rng.integers(0, 256, (h, w)).astype(np.uint8)
+    got = BK.sgm(C, guide, 20, 200, adaptive, paths)
+    assert got.dtype == np.uint16
+    np.testing.assert_array_equal(got, ref.sgm(C, guide, 20, 200, adaptive, paths))
+
+
+@pytest.mark.parametrize("min_d", [0, -3, 2])
+@pytest.mark.parametrize("uniq,subpix", [(0.0, False), (10.0, True), (40.0, True)])
+def test_wta_matches_reference(rng, min_d, uniq, subpix):
+    S = rng.integers(0, 3000, (6, 12, 8)).astype(np.uint16)
+    np.testing.assert_array_equal(BK.wta(S, min_d, uniq, subpix), ref.wta(S, min_d, uniq, subpix))
+    np.testing.assert_array_equal(BK.wta_right(S, min_d), ref.wta_right(S, min_d))
+
+
+def test_subpixel_recovers_parabola_vertex():
+    d = np.arange(8)
+    S = (10 * (d - 3.3) ** 2 + 50).round().astype(np.uint16).reshape(1, 1, 8)
+    S = np.repeat(S, 10, axis=1)  # 10 columns so x - d stays inside the image
+    disp = BK.wta(S, 0, 0.0, True)
+    assert abs(disp[0, 9] - 3.3) < 0.05
+
+
+def noisy_map(rng, h=14, w=18):
+    disp = rng.uniform(0, 8, (h, w)).astype(np.float32)
+    disp[rng.random((h, w)) < 0.3] = np.nan
+    return disp
+
+
+def test_lr_check_matches_reference(rng):
+    disp = noisy_map(rng)
+    disp_r = np.round(noisy_map(rng))
+    np.testing.assert_array_equal(BK.lr_check(disp, disp_r, 1.0), ref.lr_check(disp, disp_r, 1.0))
+
+
+def test_speckle_matches_reference(rng):
+    disp = np.round(noisy_map(rng) / 3)
+    np.testing.assert_array_equal(BK.speckle(disp, 5, 1.0), ref.speckle(disp, 5, 1.0))
+
+
+@pytest.mark.parametrize("mode,code", [("background", 1), ("nearest", 2)])
+def test_fill_matches_reference(rng, mode, code):
+    disp = noisy_map(rng)
+    got = BK.fill(disp, code)
+    np.testing.assert_array_equal(got, ref.fill(disp, mode))
+    assert not np.isnan(got).any()
+
+
+@pytest.mark.parametrize("r", [1, 2])
+def test_median_matches_reference(rng, r):
+    disp = noisy_map(rng)
+    np.testing.assert_array_equal(BK.median(disp, r), ref.median(disp, r))
+
+
+def test_dog_matches_reference(rng):
+    img = rng.integers(0, 256, (10, 13)).astype(np.float32)
+    k1, k2 = preprocess.gaussian_kernel(0.7), preprocess.gaussian_kernel(2.0)
+    want = 128 + ref.gaussian_blur(img, k1) - ref.gaussian_blur(img, k2)
+    np.testing.assert_allclose(BK.dog(img, k1, k2), want, atol=1e-3)
+
+
+def test_bilateral_keeps_edges_and_smooths_flat_areas(rng):
+    img = np.zeros((12, 16), np.float32)
+    img[:, 8:] = 200
+    noisy = img + rng.normal(0, 3, img.shape).astype(np.float32)
+    ss, sc = preprocess.bilateral_constants(2.0, 12.0)
+    out = BK.bilateral(noisy, 3, ss, sc)
+    assert np.abs(out[:, :7] - 0).mean() < np.abs(noisy[:, :7] - 0).mean()
+    assert out[:, 9:].min() > 180 and out[:, :7].max() < 20  # the step survives
+
+
+def test_box_u8_is_rounded_window_mean(rng):
+    C = rng.integers(0, 256, (7, 9, 3)).astype(np.uint8)
+    got = BK.box_u8(C, 1)
+    h, w, _ = C.shape
+    for y in range(h):
+        for x in range(w):
+            win = [C[ref.clamp(y + j, 0, h - 1), ref.clamp(x + i, 0, w - 1)].astype(int)
+                   for j in (-1, 0, 1) for i in (-1, 0, 1)]
+            np.testing.assert_array_equal(got[y, x], (np.sum(win, axis=0) + 4) // 9)
