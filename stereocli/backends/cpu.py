@@ -35,7 +35,7 @@ class CpuBackend:
     def census_volume(self, left, right, min_d, ndisp, wx, wy):
         cl = cost.census_transform_cpu(left, wx, wy)
         cr = cost.census_transform_cpu(right, wx, wy)
-        return cost.census_volume_cpu(cl, cr, min_d, ndisp, wx * wy - 1)
+        return cost.census_volume_cpu(cl, cr, min_d, ndisp, cost.census_scale(wx * wy - 1))
 
     def diff_volume(self, left, right, min_d, ndisp, kind):
         return cost.diff_volume_cpu(left, right, min_d, ndisp, kind)
@@ -65,10 +65,9 @@ class CpuBackend:
     def sgm(self, vol, guide, p1, p2, adaptive, paths):
         h, w, n = vol.shape
         s = np.empty((h, w, n), np.uint16)
-        aggregate.sgm_horizontal_cpu(vol, guide, p1, p2, adaptive, s)
-        down, up = aggregate.split_directions(paths)
-        aggregate.sgm_sweep_cpu(vol, guide, p1, p2, adaptive, s, down, False)
-        aggregate.sgm_sweep_cpu(vol, guide, p1, p2, adaptive, s, up, True)
+        for i, (dx, dy) in enumerate(aggregate.direction_pairs(paths)):
+            starts = aggregate.line_starts(h, w, dx, dy)
+            aggregate.sgm_line_pair_cpu(vol, guide, p1, p2, adaptive, s, dx, dy, starts, i == 0)
         return s
 
     # selection

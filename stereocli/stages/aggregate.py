@@ -20,15 +20,6 @@ DIRECTIONS = {
 }
 
 
-def split_directions(paths: int):
-    """-> (down, up): int32 arrays of (dx, |dy|) for the paths swept top to bottom (dy > 0)
-    and bottom to top (dy < 0). The two horizontal paths are always there and run apart."""
-    dirs = DIRECTIONS[paths]
-    down = np.array([(dx, dy) for dx, dy in dirs if dy > 0], np.int32).reshape(-1, 2)
-    up = np.array([(dx, -dy) for dx, dy in dirs if dy < 0], np.int32).reshape(-1, 2)
-    return down, up
-
-
 @shared
 def penalty2(p1, p2, adaptive, g, g_prev):
     """P2 for one step; with adaptive P2 it shrinks with the grey step (never below P1)."""
@@ -47,77 +38,107 @@ def sgm_value(c, l_prev, l_lo, l_hi, min_prev, p1, p2):
 
 
 @njit(cache=True, inline="always")
-def _step(cost, prev, out, p1, p2):
-    """out[:] = SGM update of `prev` (a path's L at the previous pixel) with costs `cost`; returns min(out)."""
+def _step(cost, prev, mp, out, acc, p1, p2, first):
+    """out[:] = SGM update of `prev` (the path's L at the previous pixel, whose minimum
+    is mp) with costs `cost`; acc[:] = out (first path) or acc + out. Returns min(out).
+    The edges d = 0 and d = n-1 are apart so that the inner loop has no branch."""
     n = cost.shape[0]
-    mp = np.int32(65535)
-    for d in range(n):
-        mp = min(mp, np.int32(prev[d]))
     big = np.int32(65535)
-    mn = np.int32(65535)
-    for d in range(n):
-        lo = np.int32(prev[d - 1]) if d > 0 else big
-        hi = np.int32(prev[d + 1]) if d < n - 1 else big
-        v = sgm_value(np.int32(cost[d]), np.int32(prev[d]), lo, hi, mp, p1, p2)
+    if n == 1:
+        v = sgm_value(np.int32(cost[0]), np.int32(prev[0]), big, big, mp, p1, p2)
+        out[0] = v
+        acc[0] = v if first else acc[0] + v
+        return v
+    v = sgm_value(np.int32(cost[0]), np.int32(prev[0]), big, np.int32(prev[1]), mp, p1, p2)
+    out[0] = v
+    acc[0] = v if first else acc[0] + v
+    mn = v
+    for d in range(1, n - 1):
+        v = sgm_value(np.int32(cost[d]), np.int32(prev[d]), np.int32(prev[d - 1]), np.int32(prev[d + 1]),
+                      mp, p1, p2)
         out[d] = v
         mn = min(mn, v)
+    if first:
+        for d in range(1, n - 1):
+            acc[d] = out[d]
+    else:
+        for d in range(1, n - 1):
+            acc[d] += out[d]
+    v = sgm_value(np.int32(cost[n - 1]), np.int32(prev[n - 1]), np.int32(prev[n - 2]), big, mp, p1, p2)
+    out[n - 1] = v
+    acc[n - 1] = v if first else acc[n - 1] + v
+    return min(mn, v)
+
+
+@njit(cache=True, inline="always")
+def _start(cost, out, acc, first):
+    """First pixel of a path: L = C. Returns min(out)."""
+    mn = np.int32(65535)
+    for d in range(cost.shape[0]):
+        v = np.int32(cost[d])
+        out[d] = v
+        mn = min(mn, v)
+    if first:
+        for d in range(cost.shape[0]):
+            acc[d] = out[d]
+    else:
+        for d in range(cost.shape[0]):
+            acc[d] += out[d]
     return mn
 
 
+def direction_pairs(paths: int):
+    """Directions r with -r left out (the pair is aggregated together): [(dx, dy)]."""
+    out = []
+    for dx, dy in DIRECTIONS[paths]:
+        if (-dx, -dy) not in out:
+            out.append((dx, dy))
+    return out
+
+
+def line_starts(h: int, w: int, dx: int, dy: int) -> np.ndarray:
+    """First pixels (y, x) of the path lines of direction (dx, dy): those whose
+    predecessor (x - dx, y - dy) lies outside the image. Every pixel lies on exactly
+    one line p0, p0 + r, p0 + 2r, ..."""
+    y, x = np.mgrid[0:h, 0:w]
+    py, px = y - dy, x - dx
+    start = (py < 0) | (py >= h) | (px < 0) | (px >= w)
+    return np.stack([y[start], x[start]], axis=1).astype(np.int32)
+
+
 @njit(parallel=True, cache=True)
-def sgm_horizontal_cpu(C, guide, p1, p2, adaptive, S):
-    """S = L(->) + L(<-), each row independently."""
+def sgm_line_pair_cpu(C, guide, p1, p2, adaptive, S, dx, dy, starts, first):
+    """Aggregates the paths r = (dx, dy) and -r into S (S = ... when `first`, else
+    S += ...). One task per line: walk it along r, then back along -r."""
     h, w, n = C.shape
-    for y in prange(h):
+    for i in prange(starts.shape[0]):
         a = np.empty(n, np.uint16)
         b = np.empty(n, np.uint16)
-        for d in range(n):
-            a[d] = C[y, 0, d]
-            S[y, 0, d] = C[y, 0, d]
-        for x in range(1, w):
-            p2e = penalty2(p1, p2, adaptive, guide[y, x], guide[y, x - 1])
-            _step(C[y, x], a, b, p1, p2e)
-            for d in range(n):
-                S[y, x, d] = b[d]
+        y = starts[i, 0]
+        x = starts[i, 1]
+        m = _start(C[y, x], a, S[y, x], first)
+        while True:
+            ny = y + dy
+            nx = x + dx
+            if ny < 0 or ny >= h or nx < 0 or nx >= w:
+                break
+            p2e = penalty2(p1, p2, adaptive, guide[ny, nx], guide[y, x])
+            m = _step(C[ny, nx], a, m, b, S[ny, nx], p1, p2e, first)
             a, b = b, a
-        for d in range(n):
-            a[d] = C[y, w - 1, d]
-            S[y, w - 1, d] += C[y, w - 1, d]
-        for x in range(w - 2, -1, -1):
-            p2e = penalty2(p1, p2, adaptive, guide[y, x], guide[y, x + 1])
-            _step(C[y, x], a, b, p1, p2e)
-            for d in range(n):
-                S[y, x, d] += b[d]
+            y = ny
+            x = nx
+        # (y, x) is the last pixel of the line: come back along -r
+        m = _start(C[y, x], a, S[y, x], False)
+        while True:
+            ny = y - dy
+            nx = x - dx
+            if ny < 0 or ny >= h or nx < 0 or nx >= w:
+                break
+            p2e = penalty2(p1, p2, adaptive, guide[ny, nx], guide[y, x])
+            m = _step(C[ny, nx], a, m, b, S[ny, nx], p1, p2e, False)
             a, b = b, a
-
-
-@njit(parallel=True, cache=True)
-def sgm_sweep_cpu(C, guide, p1, p2, adaptive, S, dirs, backward):
-    """Adds to S the paths `dirs` = (dx, |dy|), sweeping rows top to bottom, or bottom
-    to top with `backward` (the previous pixel is then (x - dx, y + |dy|)). Rows are sequential, pixels of a row run in parallel. A ring of three
-    rows per direction holds the previous L (|dy| <= 2)."""
-    h, w, n = C.shape
-    nd = dirs.shape[0]
-    buf = np.empty((nd, 3, w, n), np.uint16)
-    for step in range(h):
-        y = h - 1 - step if backward else step
-        slot = step % 3
-        for x in prange(w):
-            for k in range(nd):
-                dx = dirs[k, 0]
-                dy = dirs[k, 1]
-                px = x - dx
-                ps = step - dy
-                out = buf[k, slot, x]
-                if ps < 0 or px < 0 or px >= w:
-                    for d in range(n):
-                        out[d] = C[y, x, d]
-                else:
-                    py = y + dy if backward else y - dy
-                    p2e = penalty2(p1, p2, adaptive, guide[y, x], guide[py, px])
-                    _step(C[y, x], buf[k, ps % 3, px], out, p1, p2e)
-                for d in range(n):
-                    S[y, x, d] += out[d]
+            y = ny
+            x = nx
 
 
 @njit(parallel=True, cache=True)

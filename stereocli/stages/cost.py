@@ -44,15 +44,20 @@ def census_at(img, y, x, wx, wy):
     return bits
 
 
+def census_scale(nbits: int) -> np.ndarray:
+    """Hamming distance (0..nbits) -> cost units 0..255, rounded, as a lookup table."""
+    h = np.arange(65)
+    return np.minimum((h * 255 + nbits // 2) // nbits, 255).astype(np.uint8)
+
+
 @shared
-def census_cost_value(a, b, nbits):
-    """Hamming distance of two census strings scaled to 0..255."""
+def census_cost_value(a, b, scale):
+    """Hamming distance of two census strings, scaled to cost units by the table `scale`."""
     v = a ^ b
     v = v - ((v >> np.uint64(1)) & M1)
     v = (v & M2) + ((v >> np.uint64(2)) & M2)
     v = (v + (v >> np.uint64(4))) & M4
-    n = np.int32((v * H01) >> np.uint64(56))
-    return np.uint8((n * 255 + nbits // 2) // nbits)
+    return scale[(v * H01) >> np.uint64(56)]
 
 
 @shared
@@ -121,17 +126,21 @@ def census_transform_cpu(img, wx, wy):
 
 
 @njit(parallel=True, cache=True)
-def census_volume_cpu(cl, cr, min_d, ndisp, nbits):
+def census_volume_cpu(cl, cr, min_d, ndisp, scale):
     h, w = cl.shape
     vol = np.empty((h, w, ndisp), np.uint8)
     for y in prange(h):
         for x in range(w):
-            for d in range(ndisp):
-                xr = x - min_d - d
-                if xr >= 0 and xr < w:
-                    vol[y, x, d] = census_cost_value(cl[y, x], cr[y, xr], nbits)
-                else:
-                    vol[y, x, d] = 255
+            # disparities whose right pixel x - min_d - d is inside the image
+            lo = min(max(x - min_d - (w - 1), 0), ndisp)
+            hi = max(min(x - min_d + 1, ndisp), lo)
+            for d in range(lo):
+                vol[y, x, d] = 255
+            a = cl[y, x]
+            for d in range(lo, hi):
+                vol[y, x, d] = census_cost_value(a, cr[y, x - min_d - d], scale)
+            for d in range(hi, ndisp):
+                vol[y, x, d] = 255
     return vol
 
 

@@ -22,19 +22,21 @@ def wta_at(S, y, x, min_d, uniqueness, subpixel):
     hi = min(n - 1, x - min_d)
     if hi < lo:
         return np.float32(math.nan)
-    best = lo
     bc = np.int32(S[y, x, lo])
-    for d in range(lo + 1, hi + 1):
-        c = np.int32(S[y, x, d])
-        if c < bc:
-            bc = c
-            best = d
+    for d in range(lo + 1, hi + 1):  # minimum first (vectorises), then its first index
+        bc = min(bc, np.int32(S[y, x, d]))
+    best = lo
+    while np.int32(S[y, x, best]) != bc:
+        best += 1
     if uniqueness > 0.0:
-        limit = np.float32(bc) * np.float32(100.0)
-        keep = np.float32(100.0) - uniqueness
-        for d in range(lo, hi + 1):
-            if abs(d - best) > 1 and np.float32(S[y, x, d]) * keep < limit:
-                return np.float32(math.nan)
+        # smallest cost more than one disparity away from the best
+        other = np.int32(0x7FFFFFFF)
+        for d in range(lo, best - 1):
+            other = min(other, np.int32(S[y, x, d]))
+        for d in range(best + 2, hi + 1):
+            other = min(other, np.int32(S[y, x, d]))
+        if np.float32(other) * (np.float32(100.0) - uniqueness) < np.float32(bc) * np.float32(100.0):
+            return np.float32(math.nan)
     disp = np.float32(best + min_d)
     if subpixel and best > lo and best < hi:
         c0 = np.int32(S[y, x, best - 1])
