@@ -108,7 +108,7 @@ def run(left, right, params: Params, backend, budget_mib: int | None = None) -> 
         budget = budget_mib * 2 ** 20
     else:
         free = backend.free_memory()
-        budget = int(free * 0.7) if free else DEFAULT_CPU_BUDGET_MIB * 2 ** 20
+        budget = int(free * 0.7) if free and math.isfinite(free) else DEFAULT_CPU_BUDGET_MIB * 2 ** 20
     strips = plan_strips(h, w, params, budget)
     timer = _Timer(backend)
     out = np.empty((h, w), np.float32)

@@ -1,6 +1,11 @@
 import os
 from pathlib import Path
 
+# CUDA kernels run under Numba's simulator unless a real GPU is asked for
+# (STEREOCLI_TEST_GPU=1, as on the device machine). Must be set before numba is imported.
+if os.environ.get("STEREOCLI_TEST_GPU") != "1":
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
 import numpy as np
 import pytest
 

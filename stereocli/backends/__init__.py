@@ -31,6 +31,8 @@ def get_backend(device: str = "auto", warn=None):
         raise StereoError(f"--device must be auto, cpu or cuda, not {device!r}")
     if device in ("auto", "cuda"):
         ok, why = cuda_status()
+        if ok and device == "auto" and _simulator():
+            ok, why = False, "NUMBA_ENABLE_CUDASIM=1 (the CUDA simulator is for tests; ask for it with --device cuda)"
         if ok:
             from .cuda import CudaBackend
             return CudaBackend()
@@ -40,6 +42,11 @@ def get_backend(device: str = "auto", warn=None):
             warn(f"using the CPU: {why}")
     from .cpu import CpuBackend
     return CpuBackend()
+
+
+def _simulator() -> bool:
+    from numba import config
+    return bool(config.ENABLE_CUDASIM)
 
 
 def cpu_threads() -> int:

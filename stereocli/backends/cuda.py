@@ -1,0 +1,206 @@
+"""CUDA backend: device arrays on one stream and launches of cuda_kernels.
+
+Data stays on the GPU from upload to download. Allocation failures become a
+StereoError that names the size asked for.
+"""
+import math
+
+import numpy as np
+from numba import cuda
+
+from ..errors import StereoError
+from ..stages import aggregate, cost
+from . import cuda_kernels as K
+
+
+def gpu_summary():
+    """[(key, value)] describing the current GPU, for `stereo info`."""
+    dev = cuda.get_current_device()
+    free, total = cuda.current_context().get_memory_info()
+    name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
+    return [("gpu", name), ("compute cap.", "%d.%d" % dev.compute_capability),
+            ("gpu memory", f"{total / 2**30:.1f} GiB ({free / 2**30:.1f} GiB free)"),
+            ("simulator", "yes (NUMBA_ENABLE_CUDASIM=1)" if K.SIM else "no")]
+
+
+def _grid2(h, w, bx=32, by=8):
+    return ((w + bx - 1) // bx, (h + by - 1) // by), (bx, by)
+
+
+def _grid1(n, tpb=K.TPB):
+    return (max(1, (n + tpb - 1) // tpb),), (tpb,)
+
+
+class CudaBackend:
+    name = "cuda"
+
+    def __init__(self):
+        self.stream = cuda.stream()
+
+    def describe(self) -> str:
+        return dict(gpu_summary()).get("gpu", "CUDA GPU")
+
+    # ------------------------------------------------------------ memory
+    def _empty(self, shape, dtype):
+        try:
+            return cuda.device_array(shape, dtype=dtype, stream=self.stream)
+        except Exception as e:  # CudaAPIError / out of memory from the driver
+            size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+            raise StereoError(f"the GPU could not allocate {size / 2**20:.0f} MiB ({e.__class__.__name__}); "
+                              f"use --max-memory to run in smaller strips, or --device cpu") from None
+
+    def upload(self, a):
+        a = np.ascontiguousarray(a)
+        out = self._empty(a.shape, a.dtype)
+        out.copy_to_device(a, stream=self.stream)
+        return out
+
+    def download(self, a):
+        host = a.copy_to_host(stream=self.stream)
+        self.stream.synchronize()
+        return host
+
+    def synchronize(self):
+        self.stream.synchronize()
+
+    def free_memory(self):
+        free, _ = cuda.current_context().get_memory_info()
+        return free
+
+    def _launch2(self, kernel, h, w, *args):
+        g, b = _grid2(h, w)
+        kernel[g, b, self.stream](*args)
+
+    def _launch1(self, kernel, n, *args):
+        g, b = _grid1(n)
+        kernel[g, b, self.stream](*args)
+
+    # ------------------------------------------------------------ preprocessing
+    def dog(self, img, k1, k2):
+        h, w = img.shape
+        t1, t2, out = (self._empty((h, w), np.float32) for _ in range(3))
+        self._launch2(K.conv_x_kernel, h, w, img, k1, t1)
+        self._launch2(K.conv_x_kernel, h, w, img, k2, t2)
+        self._launch2(K.dog_y_kernel, h, w, t1, t2, k1, k2, out)
+        return out
+
+    def bilateral(self, img, r, inv_ss, inv_sc):
+        h, w = img.shape
+        t, out = self._empty((h, w), np.float32), self._empty((h, w), np.float32)
+        self._launch2(K.bilateral_x_kernel, h, w, img, r, inv_ss, inv_sc, t)
+        self._launch2(K.bilateral_y_kernel, h, w, t, r, inv_ss, inv_sc, out)
+        return out
+
+    def subtract_mean(self, img, mean):
+        h, w = img.shape
+        out = self._empty((h, w), np.float32)
+        self._launch2(K.subtract_mean_kernel, h, w, img, mean.reshape(h, w), out)
+        return out
+
+    # ------------------------------------------------------------ costs
+    def census_volume(self, left, right, min_d, ndisp, wx, wy):
+        h, w = left.shape
+        cl, cr = self._empty((h, w), np.uint64), self._empty((h, w), np.uint64)
+        self._launch2(K.census_kernel, h, w, left, wx, wy, cl)
+        self._launch2(K.census_kernel, h, w, right, wx, wy, cr)
+        vol = self._empty((h, w, ndisp), np.uint8)
+        scale = self.upload(cost.census_scale(wx * wy - 1))
+        self._launch1(K.census_volume_kernel, h * w * ndisp, cl, cr, min_d, scale, vol)
+        return vol
+
+    def diff_volume(self, left, right, min_d, ndisp, kind):
+        h, w = left.shape
+        vol = self._empty((h, w, ndisp), np.float32)
+        self._launch1(K.diff_volume_kernel, h * w * ndisp, left, right, min_d, kind, vol)
+        return vol
+
+    def box_mean(self, vol, rx, ry):
+        h, w, n = vol.shape
+        tmp, out = self._empty((h, w, n), np.float32), self._empty((h, w, n), np.float32)
+        self._launch1(K.box_x_kernel, h * n, vol, rx, tmp)
+        inv = np.float32(1.0 / ((2 * rx + 1) * (2 * ry + 1)))
+        self._launch1(K.box_y_kernel, w * n, tmp, ry, inv, out)
+        return out
+
+    def finalize_volume(self, m, min_d, kind, ml, ml2, mr, mr2):
+        h, w, n = m.shape
+        vol = self._empty((h, w, n), np.uint8)
+        self._launch1(K.finalize_kernel, h * w * n, m, min_d, kind, ml, ml2, mr, mr2, vol)
+        return vol
+
+    def table_volume(self, ql, qr, table, min_d, ndisp):
+        h, w = ql.shape
+        vol = self._empty((h, w, ndisp), np.uint8)
+        self._launch1(K.table_volume_kernel, h * w * ndisp, ql, qr, table, min_d, vol)
+        return vol
+
+    def joint_histogram(self, ql, qr, disp):
+        h, w = ql.shape
+        hist = self.upload(np.zeros((256, 256), np.int32))
+        self._launch2(K.joint_histogram_kernel, h, w, ql, qr, disp, hist)
+        return self.download(hist).astype(np.float64)
+
+    # ------------------------------------------------------------ aggregation
+    def box_u8(self, vol, r):
+        h, w, n = vol.shape
+        tmp, out = self._empty((h, w, n), np.int32), self._empty((h, w, n), np.uint8)
+        self._launch1(K.box_u8_x_kernel, h * n, vol, r, tmp)
+        self._launch1(K.box_u8_y_kernel, w * n, tmp, r, out)
+        return out
+
+    def sgm(self, vol, guide, p1, p2, adaptive, paths):
+        h, w, n = vol.shape
+        if n > K.MAX_SGM_DISPARITIES:
+            raise StereoError(f"the CUDA SGM handles at most {K.MAX_SGM_DISPARITIES} disparities, not {n}; "
+                              f"use --device cpu")
+        s = self._empty((h, w, n), np.uint16)
+        for i, (dx, dy) in enumerate(aggregate.direction_pairs(paths)):
+            starts = self.upload(aggregate.line_starts(h, w, dx, dy))
+            lines = starts.shape[0]
+            blocks = (lines + K.SGM_WARPS - 1) // K.SGM_WARPS
+            K.sgm_line_pair_kernel[blocks, K.SGM_LANES * K.SGM_WARPS, self.stream](
+                vol, guide, p1, p2, adaptive, s, dx, dy, starts, i == 0)
+        return s
+
+    # ------------------------------------------------------------ selection
+    def wta(self, s, min_d, uniqueness, subpixel):
+        h, w, _ = s.shape
+        out = self._empty((h, w), np.float32)
+        self._launch2(K.wta_kernel, h, w, s, min_d, np.float32(uniqueness), subpixel, out)
+        return out
+
+    def wta_right(self, s, min_d):
+        h, w, _ = s.shape
+        out = self._empty((h, w), np.float32)
+        self._launch2(K.wta_right_kernel, h, w, s, min_d, out)
+        return out
+
+    # ------------------------------------------------------------ refinement
+    def lr_check(self, disp, disp_r, max_diff):
+        h, w = disp.shape
+        out = self._empty((h, w), np.float32)
+        self._launch2(K.lr_check_kernel, h, w, disp, disp_r, np.float32(max_diff), out)
+        return out
+
+    def speckle(self, disp, max_size, max_diff):
+        h, w = disp.shape
+        labels = self._empty((h * w,), np.int32)
+        sizes = self.upload(np.zeros(h * w, np.int32))
+        out = self._empty((h, w), np.float32)
+        self._launch2(K.ccl_init_kernel, h, w, disp, labels)
+        self._launch2(K.ccl_merge_kernel, h, w, disp, np.float32(max_diff), labels)
+        self._launch1(K.ccl_count_kernel, h * w, labels, sizes)
+        self._launch2(K.speckle_apply_kernel, h, w, disp, labels, sizes, max_size, out)
+        return out
+
+    def fill(self, disp, mode):
+        h, w = disp.shape
+        out = self._empty((h, w), np.float32)
+        self._launch2(K.fill_kernel, h, w, disp, mode, out)
+        return out
+
+    def median(self, disp, r):
+        h, w = disp.shape
+        out = self._empty((h, w), np.float32)
+        self._launch2(K.median_kernel, h, w, disp, r, out)
+        return out

@@ -1,0 +1,147 @@
+"""The CUDA backend against the CPU backend: integer stages bit for bit, float stages
+to a stated tolerance, the whole pipeline on small images. In CI the kernels run
+under Numba's CUDA simulator; with STEREOCLI_TEST_GPU=1 on a GPU machine they run
+for real, and the full Middlebury scenes are compared too."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import SAMPLE, SHARED_DATA, textured_pair
+
+cuda = pytest.importorskip("numba.cuda")
+from stereocli import config, io, pipeline  # noqa: E402
+from stereocli.backends import cuda_status  # noqa: E402
+
+if not cuda_status()[0]:
+    pytest.skip("no CUDA backend (numba-cuda missing)", allow_module_level=True)
+
+from stereocli.backends.cpu import CpuBackend  # noqa: E402
+from stereocli.backends.cuda import CudaBackend  # noqa: E402
+from stereocli.stages import preprocess  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+CPU, GPU = CpuBackend(), CudaBackend()
+REAL_GPU = os.environ.get("STEREOCLI_TEST_GPU") == "1"
+FLOAT_TOL = 1e-4  # float stages (DoG, bilateral, box means): relative, from FMA contraction on the GPU
+
+
+def on_gpu(name, *args):
+    dev = [GPU.upload(a) if isinstance(a, np.ndarray) else a for a in args]
+    return GPU.download(getattr(GPU, name)(*dev))
+
+
+def on_cpu(name, *args):
+    return getattr(CPU, name)(*args)
+
+
+@pytest.fixture
+def imgs(rng):
+    return (rng.integers(0, 256, (10, 16)).astype(np.float32), rng.integers(0, 256, (10, 16)).astype(np.float32))
+
+
+@pytest.mark.parametrize("wx,wy,min_d", [(9, 7, 0), (5, 3, -2)])
+def test_census_volume_bit_exact(imgs, wx, wy, min_d):
+    L, R = imgs
+    np.testing.assert_array_equal(on_gpu("census_volume", L, R, min_d, 6, wx, wy),
+                                  on_cpu("census_volume", L, R, min_d, 6, wx, wy))
+
+
+@pytest.mark.parametrize("paths", [4, 8, 16])
+def test_sgm_bit_exact(rng, paths):
+    C = rng.integers(0, 256, (7, 9, 8)).astype(np.uint8)
+    G = rng.integers(0, 256, (7, 9)).astype(np.uint8)
+    np.testing.assert_array_equal(on_gpu("sgm", C, G, 20, 200, True, paths), on_cpu("sgm", C, G, 20, 200, True, paths))
+
+
+@pytest.mark.skipif(REAL_GPU, reason="the simulator's multi-lane exchange; a GPU uses warp shuffles")
+def test_sgm_lane_exchange_under_simulator():
+    """The SGM kernel with 4 lanes per line (each holding 2 disparities) exchanges
+    edge values and minima between lanes; it must still equal the CPU."""
+    code = (
+        "import numpy as np;"
+        "from stereocli.backends.cpu import CpuBackend;from stereocli.backends.cuda import CudaBackend;"
+        "from stereocli.backends import cuda_kernels as K;assert K.SGM_LANES == 4;"
+        "g=CudaBackend();r=np.random.default_rng(3);C=r.integers(0,256,(4,6,8)).astype(np.uint8);"
+        "G=r.integers(0,256,(4,6)).astype(np.uint8);"
+        "a=g.download(g.sgm(g.upload(C),g.upload(G),20,200,True,8));b=CpuBackend().sgm(C,G,20,200,True,8);"
+        "assert np.array_equal(a,b), 'differ'")
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "STEREOCLI_SIM_LANES": "4"}
+    r = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+@pytest.mark.parametrize("uniq,subpix", [(0.0, False), (10.0, True)])
+def test_wta_bit_exact(rng, uniq, subpix):
+    S = rng.integers(0, 3000, (5, 12, 8)).astype(np.uint16)
+    np.testing.assert_array_equal(on_gpu("wta", S, -1, uniq, subpix), on_cpu("wta", S, -1, uniq, subpix))
+    np.testing.assert_array_equal(on_gpu("wta_right", S, -1), on_cpu("wta_right", S, -1))
+
+
+def noisy_map(rng, h=12, w=15):
+    disp = rng.uniform(0, 8, (h, w)).astype(np.float32)
+    disp[rng.random((h, w)) < 0.3] = np.nan
+    return disp
+
+
+def test_refinement_bit_exact(rng):
+    disp, disp_r = noisy_map(rng), np.round(noisy_map(rng))
+    np.testing.assert_array_equal(on_gpu("lr_check", disp, disp_r, 1.0), on_cpu("lr_check", disp, disp_r, 1.0))
+    blocky = np.round(noisy_map(rng) / 3)
+    np.testing.assert_array_equal(on_gpu("speckle", blocky, 5, 1.0), on_cpu("speckle", blocky, 5, 1.0))
+    for mode in (1, 2):
+        np.testing.assert_array_equal(on_gpu("fill", disp, mode), on_cpu("fill", disp, mode))
+    for r in (1, 2):
+        np.testing.assert_array_equal(on_gpu("median", disp, r), on_cpu("median", disp, r))
+
+
+def test_float_stages_within_tolerance(imgs):
+    L, R = imgs
+    k1, k2 = preprocess.gaussian_kernel(0.7), preprocess.gaussian_kernel(2.0)
+    np.testing.assert_allclose(on_gpu("dog", L, k1, k2), on_cpu("dog", L, k1, k2), rtol=FLOAT_TOL, atol=1e-3)
+    ss, sc = preprocess.bilateral_constants(2.0, 12.0)
+    np.testing.assert_allclose(on_gpu("bilateral", L, 2, ss, sc), on_cpu("bilateral", L, 2, ss, sc),
+                               rtol=FLOAT_TOL, atol=1e-3)
+    vol = on_cpu("diff_volume", L, R, 0, 4, 0)
+    np.testing.assert_array_equal(on_gpu("diff_volume", L, R, 0, 4, 0), vol)
+    np.testing.assert_allclose(on_gpu("box_mean", vol, 2, 1), on_cpu("box_mean", vol, 2, 1), rtol=FLOAT_TOL, atol=1e-3)
+
+
+def run_both(left, right, **opts):
+    params = config.load("default", None, opts)
+    a = pipeline.run(left, right, params, CPU).disparity
+    b = pipeline.run(left, right, params, GPU).disparity
+    return a, b
+
+
+def same_maps(a, b):
+    return np.isclose(a, b, atol=1e-5, rtol=0) | (np.isnan(a) & np.isnan(b))
+
+
+def test_default_pipeline_identical_on_small_pair():
+    left, right = textured_pair(h=30, w=40, shift=3, seed=11)
+    a, b = run_both(left, right, num_disparities=8)
+    assert same_maps(a, b).all()
+
+
+@pytest.mark.parametrize("opts", [
+    {"cost": "sad", "paths": 4}, {"cost": "zncc", "aggregation": "none"},
+    {"cost": "bt", "preprocess": "dog", "paths": 4}, {"cost": "mi", "paths": 4, "mi_levels": 1},
+])
+def test_other_costs_agree_on_small_pair(opts):
+    """Float costs: rounding of a float mean to uint8 may differ by one unit where the
+    GPU fuses a multiply-add, so a few pixels may differ; nearly all must agree."""
+    left, right = textured_pair(h=24, w=36, shift=3, seed=12)
+    a, b = run_both(left, right, num_disparities=8, **opts)
+    assert same_maps(a, b).mean() > 0.98
+
+
+@pytest.mark.skipif(not REAL_GPU, reason="full-size scenes need a real GPU")
+@pytest.mark.parametrize("scene,ndisp", [("tsukuba", 16), ("venus", 32), ("teddy", 64), ("cones", 64)])
+def test_full_scenes_identical_on_gpu(scene, ndisp):
+    d = SHARED_DATA / scene if (SHARED_DATA / scene).exists() else SAMPLE
+    left, right = io.read_image(d / "left.png"), io.read_image(d / "right.png")
+    a, b = run_both(left, right, num_disparities=ndisp)
+    assert same_maps(a, b).all()
