@@ -1,11 +1,12 @@
 """Helpers shared by the benchmark scripts."""
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT.parent / "shared" / "data"
+DATA = Path(os.environ.get("STEREOCLI_DATA", ROOT.parent / "shared" / "data"))
 SCENES = [("tsukuba", 16), ("venus", 32), ("teddy", 64), ("cones", 64)]
 OPENCV_README_BAD2 = {"tsukuba": 6.0, "venus": 9.3, "teddy": 24.4, "cones": 21.7}
 

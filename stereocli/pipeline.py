@@ -50,10 +50,11 @@ class _Timer:
         self.t = now
 
 
-def bytes_per_row(width: int, params: Params) -> int:
-    """Bytes of working memory per image row (volumes only)."""
+def bytes_per_row(width: int, params: Params, sgm_bytes: int = 2) -> int:
+    """Bytes of working memory per image row (volumes only); `sgm_bytes` per element for
+    the aggregation (the backend's sgm_bytes_per_element)."""
     d = params.num_disparities
-    per = 1 + 2  # cost volume uint8 + aggregated uint16
+    per = 1 + sgm_bytes  # cost volume uint8 + aggregation
     if params.cost not in ("census", "mi"):
         per += 12  # float32 difference volume and two box-filter passes
     if params.block > 1:
@@ -61,10 +62,11 @@ def bytes_per_row(width: int, params: Params) -> int:
     return width * d * per
 
 
-def plan_strips(height: int, width: int, params: Params, budget_bytes: int) -> list[tuple[int, int, int, int]]:
+def plan_strips(height: int, width: int, params: Params, budget_bytes: int,
+                sgm_bytes: int = 2) -> list[tuple[int, int, int, int]]:
     """[(y0, y1, keep0, keep1)]: strip rows y0..y1 (exclusive), of which keep0..keep1 go to the output."""
-    fixed = 3 * 2 * width * params.num_disparities * 8  # SGM row rings
-    row = bytes_per_row(width, params)
+    fixed = 2 * width * params.num_disparities * 8  # per-line scratch
+    row = bytes_per_row(width, params, sgm_bytes)
     rows = (budget_bytes - fixed) // row if budget_bytes > fixed else 0
     if rows >= height:
         return [(0, height, 0, height)]
@@ -109,7 +111,7 @@ def run(left, right, params: Params, backend, budget_mib: int | None = None) -> 
     else:
         free = backend.free_memory()
         budget = int(free * 0.7) if free and math.isfinite(free) else DEFAULT_CPU_BUDGET_MIB * 2 ** 20
-    strips = plan_strips(h, w, params, budget)
+    strips = plan_strips(h, w, params, budget, backend.sgm_bytes_per_element(params.paths))
     timer = _Timer(backend)
     out = np.empty((h, w), np.float32)
     for y0, y1, k0, k1 in strips:

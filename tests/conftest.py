@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "sample_data"
-SHARED_DATA = ROOT.parent / "shared" / "data"
+SHARED_DATA = Path(os.environ.get("STEREOCLI_DATA", ROOT.parent / "shared" / "data"))
 
 
 def textured_pair(h=20, w=32, shift=3, seed=0):

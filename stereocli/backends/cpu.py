@@ -70,6 +70,9 @@ class CpuBackend:
             aggregate.sgm_line_pair_cpu(vol, guide, p1, p2, adaptive, s, dx, dy, starts, i == 0)
         return s
 
+    def sgm_bytes_per_element(self, paths):
+        return 2
+
     # selection
     def wta(self, s, min_d, uniqueness, subpixel):
         return select.wta_cpu(s, min_d, np.float32(uniqueness), subpixel)

@@ -153,14 +153,35 @@ class CudaBackend:
         if n > K.MAX_SGM_DISPARITIES:
             raise StereoError(f"the CUDA SGM handles at most {K.MAX_SGM_DISPARITIES} disparities, not {n}; "
                               f"use --device cpu")
+        pairs = aggregate.direction_pairs(paths)
+        starts = np.concatenate([np.column_stack([aggregate.line_starts(h, w, dx, dy),
+                                                  np.full(len(aggregate.line_starts(h, w, dx, dy)), q)])
+                                 for q, (dx, dy) in enumerate(pairs)]).astype(np.int32)
+        starts = starts[np.argsort(-self._line_lengths(starts, pairs, h, w), kind="stable")]  # long lines first
+        sp = self._empty((len(pairs), h, w, n), np.uint16)
+        blocks = (len(starts) + K.SGM_WARPS - 1) // K.SGM_WARPS
+        K.sgm_lines_kernel[blocks, K.SGM_LANES * K.SGM_WARPS, self.stream](
+            vol, guide, p1, p2, adaptive, sp, self.upload(np.array(pairs, np.int32)), self.upload(starts))
         s = self._empty((h, w, n), np.uint16)
-        for i, (dx, dy) in enumerate(aggregate.direction_pairs(paths)):
-            starts = self.upload(aggregate.line_starts(h, w, dx, dy))
-            lines = starts.shape[0]
-            blocks = (lines + K.SGM_WARPS - 1) // K.SGM_WARPS
-            K.sgm_line_pair_kernel[blocks, K.SGM_LANES * K.SGM_WARPS, self.stream](
-                vol, guide, p1, p2, adaptive, s, dx, dy, starts, i == 0)
+        self._launch1(K.sgm_sum_kernel, h * w * n, sp, s)
         return s
+
+    @staticmethod
+    def _line_lengths(starts, pairs, h, w):
+        """Number of pixels on each line, to launch the long ones first."""
+        dxy = np.array(pairs)[starts[:, 2]]
+        steps = np.full(len(starts), np.iinfo(np.int64).max)
+        for axis, size, col in ((0, h, 1), (1, w, 0)):
+            dv = dxy[:, col]
+            pos = starts[:, axis].astype(np.int64)
+            with np.errstate(divide="ignore"):
+                lim = np.where(dv > 0, (size - 1 - pos) // np.maximum(dv, 1),
+                               np.where(dv < 0, pos // np.maximum(-dv, 1), np.iinfo(np.int64).max))
+            steps = np.minimum(steps, lim)
+        return steps + 1
+
+    def sgm_bytes_per_element(self, paths):
+        return 2 * (len(aggregate.direction_pairs(paths)) + 1)
 
     # ------------------------------------------------------------ selection
     def wta(self, s, min_d, uniqueness, subpixel):

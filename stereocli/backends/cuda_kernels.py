@@ -311,9 +311,8 @@ def _load_costs(C, y, x, d0, n, c):
 
 
 @cuda.jit(device=True, inline=True)
-def _start_line(C, S, y, x, d0, n, k, first, cur, c, scratch, w, lane):
-    """L = C at the first pixel of a path; adds it to S; returns the warp-wide min."""
-    _load_costs(C, y, x, d0, n, c)
+def _start_line(S, y, x, d0, n, k, first, cur, c, scratch, w, lane):
+    """L = C (costs in c) at the first pixel of a path; S = or += L; returns the group's min."""
     m = int32(BIG)
     for j in range(MAXK):
         d = d0 + j
@@ -331,9 +330,8 @@ def _start_line(C, S, y, x, d0, n, k, first, cur, c, scratch, w, lane):
 
 
 @cuda.jit(device=True, inline=True)
-def _step_line(C, S, y, x, d0, n, k, first, prev, cur, c, mp, p1, p2e, scratch, w, lane):
-    """One SGM step of a warp along its line: cur = update(prev); S += cur; returns min(cur)."""
-    _load_costs(C, y, x, d0, n, c)
+def _step_line(S, y, x, d0, n, k, first, prev, cur, c, mp, p1, p2e, scratch, w, lane):
+    """One SGM step of a lane group: cur = update(prev) with costs c; S = or += cur; returns min(cur)."""
     last = prev[0]
     for j in range(MAXK):  # prev[k - 1] without a dynamic index (keeps prev in registers)
         if j == k - 1:
@@ -358,54 +356,87 @@ def _step_line(C, S, y, x, d0, n, k, first, prev, cur, c, mp, p1, p2e, scratch, 
     return warp_min(m, scratch, w, lane)
 
 
+@cuda.jit(device=True, inline=True)
+def _walk(C, guide, p1, p2, adaptive, S, y, x, dx, dy, d0, n, k, first, a, b, c, c2, scratch, w, lane):
+    """Aggregate one path from (y, x) along (dx, dy) to the image edge. The L arrays
+    (a, b) and cost arrays (c, c2) alternate in a loop unrolled by two so that each
+    stays in registers; the next pixel's costs are loaded before this pixel's update.
+    Returns the last pixel (y, x)."""
+    h, wd = guide.shape
+    _load_costs(C, y, x, d0, n, c)
+    m = _start_line(S, y, x, d0, n, k, first, a, c, scratch, w, lane)
+    ny = y + dy
+    nx = x + dx
+    if ny < 0 or ny >= h or nx < 0 or nx >= wd:
+        return y, x
+    _load_costs(C, ny, nx, d0, n, c)
+    while True:
+        # step into (ny, nx) with costs c; prefetch the pixel after it into c2
+        py, px = y, x
+        y, x = ny, nx
+        ny = y + dy
+        nx = x + dx
+        more = not (ny < 0 or ny >= h or nx < 0 or nx >= wd)
+        if more:
+            _load_costs(C, ny, nx, d0, n, c2)
+        p2e = penalty2(p1, p2, adaptive, guide[y, x], guide[py, px])
+        m = _step_line(S, y, x, d0, n, k, first, a, b, c, m, p1, p2e, scratch, w, lane)
+        if not more:
+            return y, x
+        # the same with the roles of (a, b) and (c, c2) swapped
+        py, px = y, x
+        y, x = ny, nx
+        ny = y + dy
+        nx = x + dx
+        more = not (ny < 0 or ny >= h or nx < 0 or nx >= wd)
+        if more:
+            _load_costs(C, ny, nx, d0, n, c)
+        p2e = penalty2(p1, p2, adaptive, guide[y, x], guide[py, px])
+        m = _step_line(S, y, x, d0, n, k, first, b, a, c2, m, p1, p2e, scratch, w, lane)
+        if not more:
+            return y, x
+
+
 @cuda.jit(cache=True)
-def sgm_line_pair_kernel(C, guide, p1, p2, adaptive, S, dx, dy, starts, first):
-    """One warp per path line of direction r = (dx, dy): along r, then back along -r
-    (like sgm_line_pair_cpu). Lane l holds disparities l*k .. l*k + k - 1."""
+def sgm_lines_kernel(C, guide, p1, p2, adaptive, Sp, dirs, starts):
+    """All path lines of all direction pairs in one launch: one lane group per line
+    (starts[i] = (y, x, pair)); pair q = dirs[q] = (dx, dy) aggregates r and -r into
+    its own volume Sp[q] (along r it writes, back along -r it adds), so no two groups
+    write the same element. sgm_sum_kernel then adds the pair volumes."""
     scratch = cuda.shared.array((SGM_WARPS, SGM_LANES), int32)
     a = cuda.local.array(MAXK, int32)
     b = cuda.local.array(MAXK, int32)
     c = cuda.local.array(MAXK, int32)
+    c2 = cuda.local.array(MAXK, int32)
     w = cuda.threadIdx.x // SGM_LANES
     lane = cuda.threadIdx.x % SGM_LANES
     line = cuda.blockIdx.x * SGM_WARPS + w
     if line >= starts.shape[0]:
         return
-    h, wd, n = C.shape
+    n = C.shape[2]
     k = (n + SGM_LANES - 1) // SGM_LANES
     d0 = lane * k
-    y = starts[line, 0]
-    x = starts[line, 1]
-    m = _start_line(C, S, y, x, d0, n, k, first, a, c, scratch, w, lane)
-    parity = 0
-    while True:
-        ny = y + dy
-        nx = x + dx
-        if ny < 0 or ny >= h or nx < 0 or nx >= wd:
-            break
-        p2e = penalty2(p1, p2, adaptive, guide[ny, nx], guide[y, x])
-        if parity == 0:
-            m = _step_line(C, S, ny, nx, d0, n, k, first, a, b, c, m, p1, p2e, scratch, w, lane)
-        else:
-            m = _step_line(C, S, ny, nx, d0, n, k, first, b, a, c, m, p1, p2e, scratch, w, lane)
-        parity = 1 - parity
-        y = ny
-        x = nx
-    m = _start_line(C, S, y, x, d0, n, k, False, a, c, scratch, w, lane)
-    parity = 0
-    while True:
-        ny = y - dy
-        nx = x - dx
-        if ny < 0 or ny >= h or nx < 0 or nx >= wd:
-            break
-        p2e = penalty2(p1, p2, adaptive, guide[ny, nx], guide[y, x])
-        if parity == 0:
-            m = _step_line(C, S, ny, nx, d0, n, k, False, a, b, c, m, p1, p2e, scratch, w, lane)
-        else:
-            m = _step_line(C, S, ny, nx, d0, n, k, False, b, a, c, m, p1, p2e, scratch, w, lane)
-        parity = 1 - parity
-        y = ny
-        x = nx
+    q = starts[line, 2]
+    dx = dirs[q, 0]
+    dy = dirs[q, 1]
+    S = Sp[q]
+    y, x = _walk(C, guide, p1, p2, adaptive, S, starts[line, 0], starts[line, 1], dx, dy, d0, n, k, True,
+                 a, b, c, c2, scratch, w, lane)
+    _walk(C, guide, p1, p2, adaptive, S, y, x, -dx, -dy, d0, n, k, False, a, b, c, c2, scratch, w, lane)
+
+
+@cuda.jit(cache=True)
+def sgm_sum_kernel(Sp, S):
+    i = cuda.grid(1)
+    npairs, h, w, n = Sp.shape
+    if i < h * w * n:
+        d = i % n
+        x = (i // n) % w
+        y = i // (n * w)
+        acc = int32(0)
+        for q in range(npairs):
+            acc += Sp[q, y, x, d]
+        S[y, x, d] = acc
 
 
 # ------------------------------------------------------------- selection

@@ -1,0 +1,93 @@
+"""GPU benchmark: per-stage kernel time with device-resident input (CUDA events, warm,
+best of N) for census 9x7 + SGM + WTA + LR check, and the end-to-end time of
+stereocli.match with host arrays (default preset otherwise). One JSON line per
+configuration; the first line reports the cold (compile or cache load) time.
+
+    python benchmarks/gpu.py [--repeat 10] [--quick]
+"""
+import argparse
+import time
+
+import cv2
+import numpy as np
+
+from common import DATA, emit
+
+# (width, height, disparities, paths, libSGM H100 kernel ms or None)
+CONFIGS = [
+    (741, 500, 64, 8, 1.08), (741, 500, 128, 4, 0.96), (741, 500, 128, 8, 1.32),
+    (1242, 375, 128, 4, 1.35), (1242, 375, 128, 8, 1.66),
+    (1920, 1080, 128, 4, 2.65), (1920, 1080, 128, 8, 3.78), (1920, 1080, 256, 8, 6.49),
+    (3840, 2160, 256, 8, 20.5),
+]
+
+
+def pair(w, h):
+    left = cv2.imread(str(DATA / "cones" / "left.png"), cv2.IMREAD_GRAYSCALE)
+    right = cv2.imread(str(DATA / "cones" / "right.png"), cv2.IMREAD_GRAYSCALE)
+    return (cv2.resize(left, (w, h), interpolation=cv2.INTER_CUBIC),
+            cv2.resize(right, (w, h), interpolation=cv2.INTER_CUBIC))
+
+
+def kernel_times(bk, left, right, ndisp, paths, repeat):
+    from numba import cuda
+    L, R = bk.upload(left.astype(np.float32)), bk.upload(right.astype(np.float32))
+    G = bk.upload(left)
+    stages = {}
+
+    def once(record):
+        ev = [cuda.event() for _ in range(5)]
+        ev[0].record(bk.stream)
+        vol = bk.census_volume(L, R, 0, ndisp, 9, 7)
+        ev[1].record(bk.stream)
+        s = bk.sgm(vol, G, 40, 480, True, paths)
+        ev[2].record(bk.stream)
+        d = bk.wta(s, 0, 5.0, True)
+        ev[3].record(bk.stream)
+        bk.lr_check(d, bk.wta_right(s, 0), 1.0)
+        ev[4].record(bk.stream)
+        ev[4].synchronize()
+        if record:
+            for name, a, b in (("cost", 0, 1), ("aggregate", 1, 2), ("select", 2, 3), ("lr_check", 3, 4)):
+                stages.setdefault(name, []).append(cuda.event_elapsed_time(ev[a], ev[b]))
+            stages.setdefault("total", []).append(cuda.event_elapsed_time(ev[0], ev[4]))
+
+    once(False)
+    for _ in range(repeat):
+        once(True)
+    return {k: min(v) for k, v in stages.items()}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--quick", action="store_true", help="only 1242x375/128 and 1920x1080/128")
+    a = ap.parse_args()
+    import stereocli
+    from stereocli.backends.cuda import CudaBackend, gpu_summary
+    bk = CudaBackend()
+    left, right = pair(741, 500)
+    t = time.perf_counter()
+    stereocli.match(left, right, device="cuda", num_disparities=64)
+    emit(cold_first_match_s=round(time.perf_counter() - t, 2), gpu=dict(gpu_summary())["gpu"])
+    for w, h, ndisp, paths, libsgm in CONFIGS:
+        if a.quick and (w, h, ndisp) not in ((1242, 375, 128), (1920, 1080, 128)):
+            continue
+        left, right = pair(w, h)
+        k = kernel_times(bk, left, right, ndisp, paths, a.repeat)
+        ends = []
+        timings = {}
+        for _ in range(max(3, a.repeat // 3)):
+            t = time.perf_counter()
+            _, timings = stereocli.match(left, right, device="cuda", num_disparities=ndisp, paths=paths)
+            ends.append((time.perf_counter() - t) * 1e3)
+        volume_mb = w * h * ndisp / 1e6
+        emit(width=w, height=h, num_disparities=ndisp, paths=paths,
+             kernel_ms={k2: round(v, 3) for k2, v in k.items()},
+             libsgm_ms=libsgm, ratio_vs_libsgm=round(k["total"] / libsgm, 2) if libsgm else None,
+             end_to_end_ms=round(min(ends), 2), end_to_end_stages_ms={s: round(v, 2) for s, v in timings.items()},
+             volume_mb=round(volume_mb, 1))
+
+
+if __name__ == "__main__":
+    main()
