@@ -34,14 +34,24 @@ def get_backend(device: str = "auto", warn=None):
         if ok and device == "auto" and _simulator():
             ok, why = False, "NUMBA_ENABLE_CUDASIM=1 (the CUDA simulator is for tests; ask for it with --device cuda)"
         if ok:
-            from .cuda import CudaBackend
-            return CudaBackend()
+            return _cuda_backend()
         if device == "cuda":
             raise StereoError(f"--device cuda: {why}; use --device cpu or auto")
         if warn is not None:
             warn(f"using the CPU: {why}")
     from .cpu import CpuBackend
     return CpuBackend()
+
+
+_CUDA = []
+
+
+def _cuda_backend():
+    """One CUDA backend per process: its stream and its cached line tables are reused."""
+    if not _CUDA:
+        from .cuda import CudaBackend
+        _CUDA.append(CudaBackend())
+    return _CUDA[0]
 
 
 def _simulator() -> bool:

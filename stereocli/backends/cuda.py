@@ -36,6 +36,7 @@ class CudaBackend:
 
     def __init__(self):
         self.stream = cuda.stream()
+        self._line_cache = {}
 
     def describe(self) -> str:
         return dict(gpu_summary()).get("gpu", "CUDA GPU")
@@ -104,9 +105,15 @@ class CudaBackend:
         self._launch2(K.census_kernel, h, w, left, wx, wy, cl)
         self._launch2(K.census_kernel, h, w, right, wx, wy, cr)
         vol = self._empty((h, w, ndisp), np.uint8)
-        scale = self.upload(cost.census_scale(wx * wy - 1))
+        scale = self._census_scale(wx * wy - 1)
         self._launch1(K.census_volume_kernel, h * w * ndisp, cl, cr, min_d, scale, vol)
         return vol
+
+    def _census_scale(self, nbits):
+        key = ("census", nbits)
+        if key not in self._line_cache:
+            self._line_cache[key] = self.upload(cost.census_scale(nbits))
+        return self._line_cache[key]
 
     def diff_volume(self, left, right, min_d, ndisp, kind):
         h, w = left.shape
@@ -154,17 +161,26 @@ class CudaBackend:
             raise StereoError(f"the CUDA SGM handles at most {K.MAX_SGM_DISPARITIES} disparities, not {n}; "
                               f"use --device cpu")
         pairs = aggregate.direction_pairs(paths)
-        starts = np.concatenate([np.column_stack([aggregate.line_starts(h, w, dx, dy),
-                                                  np.full(len(aggregate.line_starts(h, w, dx, dy)), q)])
-                                 for q, (dx, dy) in enumerate(pairs)]).astype(np.int32)
-        starts = starts[np.argsort(-self._line_lengths(starts, pairs, h, w), kind="stable")]  # long lines first
+        dirs, starts = self._lines(h, w, paths)
         sp = self._empty((len(pairs), h, w, n), np.uint16)
-        blocks = (len(starts) + K.SGM_WARPS - 1) // K.SGM_WARPS
+        blocks = (starts.shape[0] + K.SGM_WARPS - 1) // K.SGM_WARPS
         K.sgm_lines_kernel[blocks, K.SGM_LANES * K.SGM_WARPS, self.stream](
-            vol, guide, p1, p2, adaptive, sp, self.upload(np.array(pairs, np.int32)), self.upload(starts))
+            vol, guide, p1, p2, adaptive, sp, dirs, starts)
         s = self._empty((h, w, n), np.uint16)
         self._launch1(K.sgm_sum_kernel, h * w * n, sp, s)
         return s
+
+    def _lines(self, h, w, paths):
+        """Device tables of the path lines for an image size, built once: (dirs, starts)."""
+        key = (h, w, paths)
+        if key not in self._line_cache:
+            pairs = aggregate.direction_pairs(paths)
+            starts = np.concatenate([np.column_stack([st, np.full(len(st), q)])
+                                     for q, (dx, dy) in enumerate(pairs)
+                                     for st in [aggregate.line_starts(h, w, dx, dy)]]).astype(np.int32)
+            starts = starts[np.argsort(-self._line_lengths(starts, pairs, h, w), kind="stable")]  # long first
+            self._line_cache[key] = (self.upload(np.array(pairs, np.int32)), self.upload(starts))
+        return self._line_cache[key]
 
     @staticmethod
     def _line_lengths(starts, pairs, h, w):
