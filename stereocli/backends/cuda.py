@@ -6,11 +6,15 @@ StereoError that names the size asked for.
 import math
 
 import numpy as np
+from numba import config as numba_config
 from numba import cuda
 
 from ..errors import StereoError
 from ..stages import aggregate, cost
 from . import cuda_kernels as K
+
+# small images launch small grids on purpose; that is not the user's concern
+numba_config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
 
 
 def gpu_summary():
