@@ -166,9 +166,9 @@ class CudaBackend:
                               f"use --device cpu")
         pairs = aggregate.direction_pairs(paths)
         dirs, starts = self._lines(h, w, paths)
-        sp = self._empty((len(pairs), h, w, n), np.uint16)
+        sp = self._empty((2 * len(pairs), h, w, n), np.uint16)
         blocks = (starts.shape[0] + K.SGM_WARPS - 1) // K.SGM_WARPS
-        K.sgm_lines_kernel[blocks, K.SGM_LANES * K.SGM_WARPS, self.stream](
+        K.sgm_kernel_for(n)[blocks, K.SGM_LANES * K.SGM_WARPS, self.stream](
             vol, guide, p1, p2, adaptive, sp, dirs, starts)
         s = self._empty((h, w, n), np.uint16)
         self._launch1(K.sgm_sum_kernel, h * w * n, sp, s)
@@ -201,7 +201,7 @@ class CudaBackend:
         return steps + 1
 
     def sgm_bytes_per_element(self, paths):
-        return 2 * (len(aggregate.direction_pairs(paths)) + 1)
+        return 2 * (paths + 1)  # one uint16 volume per direction and their sum
 
     # ------------------------------------------------------------ selection
     def wta(self, s, min_d, uniqueness, subpixel):

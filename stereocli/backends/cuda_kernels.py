@@ -45,7 +45,7 @@ SIM = bool(config.ENABLE_CUDASIM)
 TPB = 256
 BIG = 65535
 # SGM: one group of SGM_LANES threads per path line (a warp on a GPU); lane l keeps
-# disparities l*k .. l*k + k - 1 (k <= MAXK) in registers and swaps edge values and
+# disparities l*k .. l*k + k - 1 (k <= MAXK, the largest lane-array size) in registers and swaps edge values and
 # the minimum with its neighbours through warp shuffles. The simulator has no
 # shuffles and its barriers are slow: there a group is one thread by default
 # (STEREOCLI_SIM_LANES=4 tests the exchange through a shared-memory twin).
@@ -303,126 +303,130 @@ def box_u8_y_kernel(T, r, out):
             acc += T[min(y + r + 1, h - 1), x, d] - T[max(y - r, 0), x, d]
 
 
-@cuda.jit(device=True, inline=True)
-def _load_costs(C, y, x, d0, n, c):
-    for j in range(MAXK):
-        d = d0 + j
-        c[j] = int32(C[y, x, d]) if d < n else int32(0)
+def _make_sgm_kernel(maxk):
+    """The SGM line kernel with lane arrays of `maxk` values (a compile-time size, so
+    the unrolled loops keep them in registers); one is built per size."""
 
+    @cuda.jit(device=True, inline=True)
+    def load_costs(C, y, x, d0, n, c):
+        for j in range(maxk):
+            d = d0 + j
+            c[j] = int32(C[y, x, d]) if d < n else int32(0)
 
-@cuda.jit(device=True, inline=True)
-def _start_line(S, y, x, d0, n, k, first, cur, c, scratch, w, lane):
-    """L = C (costs in c) at the first pixel of a path; S = or += L; returns the group's min."""
-    m = int32(BIG)
-    for j in range(MAXK):
-        d = d0 + j
-        if j < k and d < n:
-            v = c[j]
-            cur[j] = v
-            m = min(m, v)
-            if first:
+    @cuda.jit(device=True, inline=True)
+    def start_line(S, y, x, d0, n, k, cur, c, scratch, w, lane):
+        """L = C (costs in c) at the first pixel of a path; S = L; returns the group's min."""
+        m = int32(BIG)
+        for j in range(maxk):
+            d = d0 + j
+            if j < k and d < n:
+                v = c[j]
+                cur[j] = v
+                m = min(m, v)
                 S[y, x, d] = v
             else:
-                S[y, x, d] += v
-        else:
-            cur[j] = int32(BIG)
-    return warp_min(m, scratch, w, lane)
+                cur[j] = int32(BIG)
+        return warp_min(m, scratch, w, lane)
 
-
-@cuda.jit(device=True, inline=True)
-def _step_line(S, y, x, d0, n, k, first, prev, cur, c, mp, p1, p2e, scratch, w, lane):
-    """One SGM step of a lane group: cur = update(prev) with costs c; S = or += cur; returns min(cur)."""
-    last = prev[0]
-    for j in range(MAXK):  # prev[k - 1] without a dynamic index (keeps prev in registers)
-        if j == k - 1:
-            last = prev[j]
-    below = from_lane_below(last, scratch, w, lane)
-    above = from_lane_above(prev[0], scratch, w, lane)
-    m = int32(BIG)
-    for j in range(MAXK):
-        d = d0 + j
-        if j < k and d < n:
-            lo = prev[j - 1] if j > 0 else below
-            hi = prev[j + 1] if j + 1 < k else above
-            v = sgm_value(c[j], prev[j], lo, hi, mp, p1, p2e)
-            cur[j] = v
-            m = min(m, v)
-            if first:
+    @cuda.jit(device=True, inline=True)
+    def step_line(S, y, x, d0, n, k, prev, cur, c, mp, p1, p2e, scratch, w, lane):
+        """One SGM step of a lane group: cur = update(prev) with costs c; S = cur; returns min(cur)."""
+        last = prev[0]
+        for j in range(maxk):  # prev[k - 1] without a dynamic index
+            if j == k - 1:
+                last = prev[j]
+        below = from_lane_below(last, scratch, w, lane)
+        above = from_lane_above(prev[0], scratch, w, lane)
+        m = int32(BIG)
+        for j in range(maxk):
+            d = d0 + j
+            if j < k and d < n:
+                lo = prev[j - 1] if j > 0 else below
+                hi = prev[j + 1] if j + 1 < k else above
+                v = sgm_value(c[j], prev[j], lo, hi, mp, p1, p2e)
+                cur[j] = v
+                m = min(m, v)
                 S[y, x, d] = v
             else:
-                S[y, x, d] += v
-        else:
-            cur[j] = int32(BIG)
-    return warp_min(m, scratch, w, lane)
+                cur[j] = int32(BIG)
+        return warp_min(m, scratch, w, lane)
 
-
-@cuda.jit(device=True, inline=True)
-def _walk(C, guide, p1, p2, adaptive, S, y, x, dx, dy, d0, n, k, first, a, b, c, c2, scratch, w, lane):
-    """Aggregate one path from (y, x) along (dx, dy) to the image edge. The L arrays
-    (a, b) and cost arrays (c, c2) alternate in a loop unrolled by two so that each
-    stays in registers; the next pixel's costs are loaded before this pixel's update.
-    Returns the last pixel (y, x)."""
-    h, wd = guide.shape
-    _load_costs(C, y, x, d0, n, c)
-    m = _start_line(S, y, x, d0, n, k, first, a, c, scratch, w, lane)
-    ny = y + dy
-    nx = x + dx
-    if ny < 0 or ny >= h or nx < 0 or nx >= wd:
-        return y, x
-    _load_costs(C, ny, nx, d0, n, c)
-    while True:
-        # step into (ny, nx) with costs c; prefetch the pixel after it into c2
-        py, px = y, x
-        y, x = ny, nx
+    @cuda.jit(device=True, inline=True)
+    def walk(C, guide, p1, p2, adaptive, S, y, x, dx, dy, d0, n, k, a, b, c, c2, scratch, w, lane):
+        """Aggregate one path from (y, x) along (dx, dy) to the image edge, writing L to S.
+        The L arrays (a, b) and cost arrays (c, c2) alternate in a loop unrolled by two
+        so that each stays in registers; the next pixel's costs are loaded before this
+        pixel's update. Returns the last pixel (y, x)."""
+        h, wd = guide.shape
+        load_costs(C, y, x, d0, n, c)
+        m = start_line(S, y, x, d0, n, k, a, c, scratch, w, lane)
         ny = y + dy
         nx = x + dx
-        more = not (ny < 0 or ny >= h or nx < 0 or nx >= wd)
-        if more:
-            _load_costs(C, ny, nx, d0, n, c2)
-        p2e = penalty2(p1, p2, adaptive, guide[y, x], guide[py, px])
-        m = _step_line(S, y, x, d0, n, k, first, a, b, c, m, p1, p2e, scratch, w, lane)
-        if not more:
+        if ny < 0 or ny >= h or nx < 0 or nx >= wd:
             return y, x
-        # the same with the roles of (a, b) and (c, c2) swapped
-        py, px = y, x
-        y, x = ny, nx
-        ny = y + dy
-        nx = x + dx
-        more = not (ny < 0 or ny >= h or nx < 0 or nx >= wd)
-        if more:
-            _load_costs(C, ny, nx, d0, n, c)
-        p2e = penalty2(p1, p2, adaptive, guide[y, x], guide[py, px])
-        m = _step_line(S, y, x, d0, n, k, first, b, a, c2, m, p1, p2e, scratch, w, lane)
-        if not more:
-            return y, x
+        load_costs(C, ny, nx, d0, n, c)
+        while True:
+            py, px = y, x
+            y, x = ny, nx
+            ny = y + dy
+            nx = x + dx
+            more = not (ny < 0 or ny >= h or nx < 0 or nx >= wd)
+            if more:
+                load_costs(C, ny, nx, d0, n, c2)
+            p2e = penalty2(p1, p2, adaptive, guide[y, x], guide[py, px])
+            m = step_line(S, y, x, d0, n, k, a, b, c, m, p1, p2e, scratch, w, lane)
+            if not more:
+                return y, x
+            # the same with the roles of (a, b) and (c, c2) swapped
+            py, px = y, x
+            y, x = ny, nx
+            ny = y + dy
+            nx = x + dx
+            more = not (ny < 0 or ny >= h or nx < 0 or nx >= wd)
+            if more:
+                load_costs(C, ny, nx, d0, n, c)
+            p2e = penalty2(p1, p2, adaptive, guide[y, x], guide[py, px])
+            m = step_line(S, y, x, d0, n, k, b, a, c2, m, p1, p2e, scratch, w, lane)
+            if not more:
+                return y, x
+
+    @cuda.jit(cache=True)
+    def sgm_lines_kernel(C, guide, p1, p2, adaptive, Sd, dirs, starts):
+        """All path lines of all direction pairs in one launch: one lane group per line
+        (starts[i] = (y, x, pair q)). Pair q = dirs[q] = (dx, dy) walks the line along r
+        into Sd[2q], then back along -r into Sd[2q + 1]: only stores, and no two groups
+        write the same element. sgm_sum_kernel adds the direction volumes."""
+        scratch = cuda.shared.array((SGM_WARPS, SGM_LANES), int32)
+        a = cuda.local.array(maxk, int32)
+        b = cuda.local.array(maxk, int32)
+        c = cuda.local.array(maxk, int32)
+        c2 = cuda.local.array(maxk, int32)
+        w = cuda.threadIdx.x // SGM_LANES
+        lane = cuda.threadIdx.x % SGM_LANES
+        line = cuda.blockIdx.x * SGM_WARPS + w
+        if line >= starts.shape[0]:
+            return
+        n = C.shape[2]
+        k = (n + SGM_LANES - 1) // SGM_LANES
+        d0 = lane * k
+        q = starts[line, 2]
+        dx = dirs[q, 0]
+        dy = dirs[q, 1]
+        y, x = walk(C, guide, p1, p2, adaptive, Sd[2 * q], starts[line, 0], starts[line, 1], dx, dy, d0, n, k,
+                    a, b, c, c2, scratch, w, lane)
+        walk(C, guide, p1, p2, adaptive, Sd[2 * q + 1], y, x, -dx, -dy, d0, n, k, a, b, c, c2, scratch, w, lane)
+
+    return sgm_lines_kernel
 
 
-@cuda.jit(cache=True)
-def sgm_lines_kernel(C, guide, p1, p2, adaptive, Sp, dirs, starts):
-    """All path lines of all direction pairs in one launch: one lane group per line
-    (starts[i] = (y, x, pair)); pair q = dirs[q] = (dx, dy) aggregates r and -r into
-    its own volume Sp[q] (along r it writes, back along -r it adds), so no two groups
-    write the same element. sgm_sum_kernel then adds the pair volumes."""
-    scratch = cuda.shared.array((SGM_WARPS, SGM_LANES), int32)
-    a = cuda.local.array(MAXK, int32)
-    b = cuda.local.array(MAXK, int32)
-    c = cuda.local.array(MAXK, int32)
-    c2 = cuda.local.array(MAXK, int32)
-    w = cuda.threadIdx.x // SGM_LANES
-    lane = cuda.threadIdx.x % SGM_LANES
-    line = cuda.blockIdx.x * SGM_WARPS + w
-    if line >= starts.shape[0]:
-        return
-    n = C.shape[2]
-    k = (n + SGM_LANES - 1) // SGM_LANES
-    d0 = lane * k
-    q = starts[line, 2]
-    dx = dirs[q, 0]
-    dy = dirs[q, 1]
-    S = Sp[q]
-    y, x = _walk(C, guide, p1, p2, adaptive, S, starts[line, 0], starts[line, 1], dx, dy, d0, n, k, True,
-                 a, b, c, c2, scratch, w, lane)
-    _walk(C, guide, p1, p2, adaptive, S, y, x, -dx, -dy, d0, n, k, False, a, b, c, c2, scratch, w, lane)
+# lane-array sizes: the smallest that holds ceil(D / SGM_LANES) is used
+SGM_SIZES = (16,) if SIM else (1, 2, 4, 8)
+SGM_KERNELS = {m: _make_sgm_kernel(m) for m in SGM_SIZES}
+
+
+def sgm_kernel_for(ndisp):
+    k = (ndisp + SGM_LANES - 1) // SGM_LANES
+    return SGM_KERNELS[min(m for m in SGM_SIZES if m >= k)]
 
 
 @cuda.jit(cache=True)
