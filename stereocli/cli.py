@@ -13,10 +13,6 @@ from .errors import StereoError
 EXIT_USAGE = 2
 
 
-def _fail(message: str) -> None:
-    raise StereoError(message)
-
-
 def _stage_options(f):
     """Options shared by every command that runs the matcher (match, and batch later)."""
     opts = [
@@ -60,9 +56,6 @@ def _stage_options(f):
     for opt in reversed(opts):
         f = opt(f)
     return f
-
-
-_NOT_PARAMS = {"preset", "config_file", "device"}
 
 
 def _params_from(kw: dict) -> config.Params:
@@ -180,7 +173,6 @@ def info():
             ("numba", numba.__version__), ("opencv", cv2.__version__),
             ("cpu threads", str(numba.get_num_threads()))]
     try:
-        import numba_cuda  # noqa: F401
         from importlib.metadata import version
         rows.append(("numba-cuda", version("numba-cuda")))
     except Exception:

@@ -18,7 +18,7 @@ import numpy as np
 from .config import Params
 from .errors import StereoError
 from .io import to_grey
-from .stages import aggregate, cost, preprocess
+from .stages import cost, preprocess
 
 STRIP_OVERLAP = 48
 DEFAULT_CPU_BUDGET_MIB = 4096

@@ -5,9 +5,6 @@ them and never asks which device it runs on.
 """
 from __future__ import annotations
 
-import os
-import sys
-
 from ..errors import StereoError
 
 
@@ -58,7 +55,3 @@ def _simulator() -> bool:
     from numba import config
     return bool(config.ENABLE_CUDASIM)
 
-
-def cpu_threads() -> int:
-    import numba
-    return numba.get_num_threads()

@@ -49,9 +49,6 @@ class CpuBackend:
     def subtract_mean(self, img, mean):
         return (img - mean.reshape(img.shape) + np.float32(128.0)).astype(np.float32)
 
-    def quantize(self, img):
-        return np.clip(np.floor(img + np.float32(0.5)), 0, 255).astype(np.uint8)
-
     def table_volume(self, ql, qr, table, min_d, ndisp):
         return cost.table_volume_cpu(ql, qr, table, min_d, ndisp)
 

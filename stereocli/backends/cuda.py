@@ -3,8 +3,6 @@
 Data stays on the GPU from upload to download. Allocation failures become a
 StereoError that names the size asked for.
 """
-import math
-
 import numpy as np
 from numba import config as numba_config
 from numba import cuda

@@ -7,7 +7,6 @@ Imported only by the CUDA backend (it needs numba-cuda).
 import math
 import os
 
-import numpy as np
 from numba import config, cuda, int32, float32
 
 from ..stages import aggregate as _agg
@@ -114,6 +113,13 @@ else:
         return r if lane < 31 else int32(BIG)
 
 
+@cuda.jit(device=True, inline=True)
+def _volume_index(i, w, n):
+    """Flat index of an element of a (h, w, n) volume -> (y, x, d); d varies fastest,
+    so consecutive threads touch consecutive bytes."""
+    return i // (n * w), (i // n) % w, i % n
+
+
 # ------------------------------------------------------------- preprocessing
 @cuda.jit(cache=True)
 def conv_x_kernel(src, k, out):
@@ -150,13 +156,6 @@ def subtract_mean_kernel(img, mean, out):
         out[y, x] = img[y, x] - mean[y, x] + float32(128.0)
 
 
-@cuda.jit(cache=True)
-def quantize_kernel(img, out):
-    x, y = cuda.grid(2)
-    if y < img.shape[0] and x < img.shape[1]:
-        out[y, x] = min(max(math.floor(img[y, x] + float32(0.5)), 0.0), 255.0)
-
-
 # ------------------------------------------------------------- costs
 @cuda.jit(cache=True)
 def census_kernel(img, wx, wy, out):
@@ -170,9 +169,7 @@ def census_volume_kernel(cl, cr, min_d, scale, vol):
     i = cuda.grid(1)
     h, w, n = vol.shape
     if i < h * w * n:
-        d = i % n
-        x = (i // n) % w
-        y = i // (n * w)
+        y, x, d = _volume_index(i, w, n)
         xr = x - min_d - d
         if xr >= 0 and xr < w:
             vol[y, x, d] = census_cost_value(cl[y, x], cr[y, xr], scale)
@@ -185,9 +182,7 @@ def diff_volume_kernel(L, R, min_d, kind, vol):
     i = cuda.grid(1)
     h, w, n = vol.shape
     if i < h * w * n:
-        d = i % n
-        x = (i // n) % w
-        y = i // (n * w)
+        y, x, d = _volume_index(i, w, n)
         xr = min(max(x - min_d - d, 0), w - 1)
         vol[y, x, d] = pixel_diff(L, R, y, x, xr, kind)
 
@@ -228,9 +223,7 @@ def finalize_kernel(M, min_d, kind, ml, ml2, mr, mr2, vol):
     i = cuda.grid(1)
     h, w, n = M.shape
     if i < h * w * n:
-        d = i % n
-        x = (i // n) % w
-        y = i // (n * w)
+        y, x, d = _volume_index(i, w, n)
         xr = x - min_d - d
         if xr < 0 or xr >= w:
             vol[y, x, d] = 255
@@ -249,9 +242,7 @@ def table_volume_kernel(ql, qr, table, min_d, vol):
     i = cuda.grid(1)
     h, w, n = vol.shape
     if i < h * w * n:
-        d = i % n
-        x = (i // n) % w
-        y = i // (n * w)
+        y, x, d = _volume_index(i, w, n)
         xr = x - min_d - d
         if xr >= 0 and xr < w:
             vol[y, x, d] = table[ql[y, x], qr[y, xr]]
@@ -434,9 +425,7 @@ def sgm_sum_kernel(Sp, S):
     i = cuda.grid(1)
     npairs, h, w, n = Sp.shape
     if i < h * w * n:
-        d = i % n
-        x = (i // n) % w
-        y = i // (n * w)
+        y, x, d = _volume_index(i, w, n)
         acc = int32(0)
         for q in range(npairs):
             acc += Sp[q, y, x, d]
