@@ -248,3 +248,35 @@ def gaussian_blur(img, k):
         for x in range(w):
             out[y, x] = sum(k[i] * tmp[clamp(y + i - r, 0, h - 1), x] for i in range(len(k)))
     return out
+
+
+def bt_volume(L, R, min_d, ndisp, rx, ry):
+    """Birchfield-Tomasi dissimilarity (half-pixel interpolated ranges) averaged over the
+    window, in cost units (x4), NaN outside; borders replicate the edge pixel."""
+    h, w = L.shape
+    L = L.astype(np.float64)
+    R = R.astype(np.float64)
+
+    def rng(img, y, x):
+        a = img[y, x]
+        lo = 0.5 * (a + img[y, clamp(x - 1, 0, w - 1)])
+        hi = 0.5 * (a + img[y, clamp(x + 1, 0, w - 1)])
+        return min(a, lo, hi), max(a, lo, hi)
+
+    def bt(y, x, xr):
+        a, b = L[y, x], R[y, xr]
+        amin, amax = rng(L, y, x)
+        bmin, bmax = rng(R, y, xr)
+        return min(max(0.0, b - amax, amin - b), max(0.0, a - bmax, bmin - a))
+
+    vol = np.full((h, w, ndisp), np.nan)
+    for y in range(h):
+        for x in range(w):
+            for d in range(ndisp):
+                if not 0 <= x - min_d - d < w:
+                    continue
+                vals = [bt(clamp(y + j, 0, h - 1), clamp(x + i, 0, w - 1), clamp(clamp(x + i, 0, w - 1) - min_d - d,
+                                                                                   0, w - 1))
+                        for j in range(-ry, ry + 1) for i in range(-rx, rx + 1)]
+                vol[y, x, d] = min(255.0, 4 * np.mean(vals))
+    return vol

@@ -83,3 +83,19 @@ def test_colour_and_16bit_inputs_give_the_same_result_as_grey():
     np.testing.assert_array_equal(d8, dg)
     d16, _ = stereocli.match(gl.astype(np.uint16) * 257, gr.astype(np.uint16) * 257, num_disparities=16)
     np.testing.assert_allclose(d16, dg, atol=1e-3)
+
+
+def test_mutual_information_survives_a_different_camera_response():
+    """Right camera with another gain and gamma: MI (and census) still find the shift,
+    while plain SAD, which compares grey levels directly, breaks down."""
+    left, right = textured_pair(h=48, w=80, shift=6, seed=21)
+    right = (255.0 * (right / 255.0) ** 2.2 * 0.8).astype(np.float32)
+    inner = (slice(6, -6), slice(20, -6))
+
+    def share_right(**opts):
+        disp, _ = stereocli.match(left, right, num_disparities=16, median=0, **opts)
+        return np.mean(np.abs(disp[inner] - 6) < 0.5)
+
+    assert share_right(cost="mi") > 0.9
+    assert share_right(cost="census") > 0.9
+    assert share_right(cost="sad", window=(5, 5)) < 0.5

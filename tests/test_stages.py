@@ -136,3 +136,12 @@ def test_box_u8_is_rounded_window_mean(rng):
             win = [C[ref.clamp(y + j, 0, h - 1), ref.clamp(x + i, 0, w - 1)].astype(int)
                    for j in (-1, 0, 1) for i in (-1, 0, 1)]
             np.testing.assert_array_equal(got[y, x], (np.sum(win, axis=0) + 4) // 9)
+
+
+def test_bt_cost_matches_reference(rng):
+    L, R = random_images(rng, 8, 14)
+    got = cost_volume(BK, L, R, Params(cost="bt", window=(3, 3)), 1, 4).astype(np.float64)
+    want = ref.bt_volume(L, R, 1, 4, 1, 1)
+    inside = ~np.isnan(want)
+    assert np.all(got[~inside] == 255)
+    assert np.abs(got[inside] - want[inside]).max() <= 1.0
