@@ -159,6 +159,75 @@ def presets(name):
         click.echo(f"{n:<12}{config.preset_description(n)}")
 
 
+@cli.command("eval")
+@click.argument("estimate", type=click.Path())
+@click.argument("ground_truth", type=click.Path())
+@click.option("--mask", type=click.Path(dir_okay=False),
+              help="Image whose non-zero pixels are evaluated (e.g. Middlebury non-occluded masks).")
+@click.option("--max-disparity", type=float, help="Ignore ground truth above this disparity.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per map (and the total) on stdout.")
+def eval_cmd(estimate, ground_truth, mask, max_disparity, as_json):
+    """Compare disparity maps with ground truth (Middlebury/KITTI metrics).
+
+    ESTIMATE and GROUND_TRUTH are two files, or two folders whose files pair by name
+    (stem). Any format `match` writes is read, plus Middlebury PFM (inf = unknown) and
+    KITTI 16-bit PNG (value/256, 0 = unknown) ground truth.
+
+    bad-t: share of ground-truth pixels whose estimate is off by more than t px or
+    missing; "(est)": the same over estimated pixels only; D1: error > 3 px and > 5 %.
+    The folder total is over all pixels of all maps.
+
+    \b
+    Examples:
+      stereo eval disp.pfm sample_data/disp.pfm
+      stereo eval results/ gt/ --json
+    """
+    from pathlib import Path
+
+    import numpy as np
+
+    from . import io, metrics
+    est_p, gt_p = Path(estimate), Path(ground_truth)
+    if est_p.is_dir() != gt_p.is_dir():
+        raise StereoError("give two files or two folders")
+    if est_p.is_dir():
+        gts = {p.stem: p for p in sorted(gt_p.iterdir()) if p.suffix.lower() in io.DISPARITY_FORMATS}
+        pairs = [(p, gts[p.stem]) for p in sorted(est_p.iterdir()) if p.stem in gts
+                 and p.suffix.lower() in io.DISPARITY_FORMATS]
+        if not pairs:
+            raise StereoError(f"no file of {est_p} has a ground-truth file of the same name in {gt_p}")
+    else:
+        pairs = [(est_p, gt_p)]
+    mask_img = io.read_image(mask) != 0 if mask else None
+    if mask_img is not None and mask_img.ndim == 3:
+        mask_img = mask_img.any(axis=2)
+    all_est, all_gt = [], []
+    for e, g in pairs:
+        est, gt = io.read_disparity(e), io.read_disparity(g)
+        if mask_img is not None and mask_img.shape != gt.shape:
+            raise StereoError(f"--mask is {mask_img.shape[1]}x{mask_img.shape[0]} but {g} is "
+                              f"{gt.shape[1]}x{gt.shape[0]}")
+        if mask_img is not None:
+            gt = np.where(mask_img, gt, np.nan)
+        m = metrics.evaluate(est, gt, max_disparity=max_disparity)
+        all_est.append(est.ravel())
+        all_gt.append(gt.ravel())
+        _print_metrics(str(e), m, as_json)
+    if len(pairs) > 1:
+        _print_metrics("total", metrics.evaluate(np.concatenate(all_est), np.concatenate(all_gt),
+                                                  max_disparity=max_disparity), as_json)
+
+
+def _print_metrics(name, m, as_json):
+    if as_json:
+        click.echo(json.dumps({"estimate": name, **{k: round(v, 6) if isinstance(v, float) else v
+                                                    for k, v in m.items()}}))
+        return
+    bad = "  ".join(f"bad{t:g} {100 * m[f'bad{t:g}']:5.2f}%" for t in (0.5, 1, 2, 4))
+    click.echo(f"{name}: {bad}  D1 {100 * m['d1']:5.2f}%  density {100 * m['density']:5.1f}%  "
+               f"avg {m['avgerr']:.3f}  rms {m['rms']:.3f}  ({m['pixels']} px)")
+
+
 @cli.command()
 def info():
     """Versions, CUDA availability, GPU and compiled-kernel cache: what to paste in a bug report."""

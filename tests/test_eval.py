@@ -1,0 +1,46 @@
+"""Metrics against hand-computed values, and `stereo eval` from the command line."""
+import json
+
+import numpy as np
+import pytest
+
+from stereocli import io, metrics
+from test_cli import LEFT, RIGHT, stereo
+
+NAN = np.nan
+
+
+def test_metrics_by_hand():
+    gt = np.array([[10.0, 20.0, NAN], [4.0, 8.0, 100.0]], np.float32)
+    est = np.array([[10.4, 23.0, 5.0], [NAN, 8.0, 94.0]], np.float32)
+    m = metrics.evaluate(est, gt)
+    # 5 pixels with ground truth; one has no estimate; errors 0.4, 3, 0, 6
+    assert m["pixels"] == 5
+    assert m["density"] == pytest.approx(4 / 5)
+    assert m["bad0.5"] == pytest.approx(3 / 5)   # 3, 6 and the missing one
+    assert m["bad2"] == pytest.approx(3 / 5)
+    assert m["bad4"] == pytest.approx(2 / 5)     # 6 and missing
+    assert m["bad2_est"] == pytest.approx(2 / 4)
+    assert m["avgerr"] == pytest.approx((0.4 + 3 + 0 + 6) / 4, abs=1e-5)
+    assert m["rms"] == pytest.approx(np.sqrt((0.16 + 9 + 0 + 36) / 4), abs=1e-5)
+    # D1: error > 3 and > 5 %: only 6 px at gt 100 (6 %) -> 1, plus the missing pixel
+    assert m["d1"] == pytest.approx(2 / 5)
+    assert metrics.evaluate(est, gt, max_disparity=50)["pixels"] == 4
+
+
+def test_eval_cli_on_files_and_folders(tmp_path):
+    (tmp_path / "est").mkdir()
+    (tmp_path / "gt").mkdir()
+    r = stereo("match", LEFT, RIGHT, "-o", tmp_path / "est" / "tsukuba.png", "-n", 16, "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    gt = io.read_disparity(LEFT.replace("left.png", "disp.pfm"))
+    io.write_disparity(tmp_path / "gt" / "tsukuba.pfm", gt)
+    r = stereo("eval", tmp_path / "est" / "tsukuba.png", tmp_path / "gt" / "tsukuba.pfm", "--json")
+    assert r.returncode == 0, r.stderr
+    m = json.loads(r.stdout)
+    want = metrics.evaluate(io.read_disparity(tmp_path / "est" / "tsukuba.png"), gt)
+    assert m["bad2"] == pytest.approx(want["bad2"], abs=1e-6) and m["bad2"] < 0.06
+    r = stereo("eval", tmp_path / "est", tmp_path / "gt")
+    assert r.returncode == 0 and "bad2" in r.stdout
+    r = stereo("eval", tmp_path / "est", tmp_path / "nope")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
