@@ -244,8 +244,7 @@ def _mi_volume(bk, gl: np.ndarray, gr: np.ndarray, params: Params, timer: _Timer
             vol = bk.table_volume(ql, qr, table, min_d, ndisp)
             if level == 0:
                 return vol
-            guide = bk.upload(_quantize(l_img))
-            agg = _aggregate(bk, vol, guide, params)
+            agg = _aggregate(bk, vol, ql, params)  # the quantised left image is the P2 guide
             d = bk.wta(agg, min_d, 0.0, False)
             d = bk.lr_check(d, bk.wta_right(agg, min_d), 1.0)
             disp = bk.download(d)
