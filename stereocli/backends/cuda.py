@@ -38,7 +38,7 @@ class CudaBackend:
 
     def __init__(self):
         self.stream = cuda.stream()
-        self._line_cache = {}
+        self._tables = {}  # per-size constant tables on the device (path lines, census scale)
 
     def describe(self) -> str:
         return dict(gpu_summary()).get("gpu", "CUDA GPU")
@@ -113,9 +113,9 @@ class CudaBackend:
 
     def _census_scale(self, nbits):
         key = ("census", nbits)
-        if key not in self._line_cache:
-            self._line_cache[key] = self.upload(cost.census_scale(nbits))
-        return self._line_cache[key]
+        if key not in self._tables:
+            self._tables[key] = self.upload(cost.census_scale(nbits))
+        return self._tables[key]
 
     def diff_volume(self, left, right, min_d, ndisp, kind):
         h, w = left.shape
@@ -175,14 +175,14 @@ class CudaBackend:
     def _lines(self, h, w, paths):
         """Device tables of the path lines for an image size, built once: (dirs, starts)."""
         key = (h, w, paths)
-        if key not in self._line_cache:
+        if key not in self._tables:
             pairs = aggregate.direction_pairs(paths)
             starts = np.concatenate([np.column_stack([st, np.full(len(st), q)])
                                      for q, (dx, dy) in enumerate(pairs)
                                      for st in [aggregate.line_starts(h, w, dx, dy)]]).astype(np.int32)
             starts = starts[np.argsort(-self._line_lengths(starts, pairs, h, w), kind="stable")]  # long first
-            self._line_cache[key] = (self.upload(np.array(pairs, np.int32)), self.upload(starts))
-        return self._line_cache[key]
+            self._tables[key] = (self.upload(np.array(pairs, np.int32)), self.upload(starts))
+        return self._tables[key]
 
     @staticmethod
     def _line_lengths(starts, pairs, h, w):
@@ -192,9 +192,8 @@ class CudaBackend:
         for axis, size, col in ((0, h, 1), (1, w, 0)):
             dv = dxy[:, col]
             pos = starts[:, axis].astype(np.int64)
-            with np.errstate(divide="ignore"):
-                lim = np.where(dv > 0, (size - 1 - pos) // np.maximum(dv, 1),
-                               np.where(dv < 0, pos // np.maximum(-dv, 1), np.iinfo(np.int64).max))
+            lim = np.where(dv > 0, (size - 1 - pos) // np.maximum(dv, 1),
+                           np.where(dv < 0, pos // np.maximum(-dv, 1), np.iinfo(np.int64).max))
             steps = np.minimum(steps, lim)
         return steps + 1
 
