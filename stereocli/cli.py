@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import click
 
@@ -79,20 +80,46 @@ def cli():
     """
 
 
+FORMATS = ("png", "pfm", "npy", "tif", "tiff")
+
+
+def _geometry_options(f):
+    opts = [
+        click.option("--depth", "depth_out", type=click.Path(dir_okay=False),
+                     help="Also write metric depth f*B/(d+doffs) (.pfm/.npy/.tif, float32, invalid = inf/NaN)."),
+        click.option("--ply", "ply_out", type=click.Path(dir_okay=False),
+                     help="Also write the coloured point cloud of valid pixels (binary .ply)."),
+        click.option("--focal", type=float, help="Focal length in pixels (for --depth/--ply)."),
+        click.option("--baseline", type=float, help="Baseline; depth comes out in its unit (e.g. mm)."),
+        click.option("--doffs", type=float, help="Principal point offset cx_right - cx_left, px [0]."),
+        click.option("--calib", type=click.Path(dir_okay=False),
+                     help="Middlebury calib.txt giving focal, cx/cy, doffs and baseline."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
 @cli.command()
-@click.argument("left", type=click.Path(dir_okay=False))
-@click.argument("right", type=click.Path(dir_okay=False))
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
-              help="Disparity file: .pfm (float, inf invalid), .png (16-bit, d*256, 0 invalid), .npy, .tif/.tiff.")
+@click.argument("left")
+@click.argument("right", required=False)
+@click.option("-o", "--output", required=True,
+              help="Disparity file: .pfm (float, inf invalid), .png (16-bit, d*256, 0 invalid), .npy, "
+                   ".tif/.tiff; '-' = standard output (needs --format).")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), help="Output format (needed with -o -).")
+@click.option("--sbs", is_flag=True, help="LEFT is one side-by-side frame (left half | right half); no RIGHT.")
 @_stage_options
 @click.option("--preview", type=click.Path(dir_okay=False), help="Also write a colour picture (.png); invalid = black.")
+@_geometry_options
 @click.option("--timings", is_flag=True, help="Print a per-stage time table (ms) on stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (sizes, range, device, ms) on stdout.")
-def match(left, right, output, preview, timings, as_json, **kw):
+def match(left, right, output, fmt, sbs, preview, depth_out, ply_out, focal, baseline, doffs, calib,
+          timings, as_json, **kw):
     """Compute the disparity map of one rectified pair.
 
     LEFT is the reference image: pixel (x, y) of LEFT matches (x - d, y) of RIGHT.
-    Colour images are converted to grey; 8- and 16-bit inputs are accepted.
+    Colour images are converted to grey; 8- and 16-bit inputs are accepted. '-' as
+    LEFT or RIGHT reads an encoded image (PNG, JPEG, ...) from standard input.
     Explicit options override the preset, which overrides the built-in defaults.
 
     \b
@@ -101,24 +128,65 @@ def match(left, right, output, preview, timings, as_json, **kw):
       stereo match l.png r.png -o disp.png -n 128 --paths 4 --timings
       stereo match l.png r.png -o disp.npy --cost zncc --window 7 --aggregation none
       stereo match l.png r.png -o disp.tif --min-disparity -16 -n 64 --json
+      stereo match frame.png --sbs -o disp.png               # side-by-side camera frame
+      cat l.png | stereo match - r.png -o - --format png > disp.png
+      stereo match im0.png im1.png -o d.pfm -n 256 --calib calib.txt --depth z.pfm --ply cloud.ply
     """
-    from . import io, pipeline
+    from . import geometry, io, pipeline
     from .backends import get_backend
 
     params = _params_from(kw)
-    out_path, ext = io.check_output_path(output)
+    if sbs and right is not None:
+        raise click.UsageError("--sbs takes one side-by-side image; give LEFT only")
+    if not sbs and right is None:
+        raise click.UsageError("missing argument RIGHT (or give --sbs for one side-by-side image)")
+    if left == "-" and right == "-":
+        raise StereoError("only one of LEFT and RIGHT can be '-' (standard input); "
+                          "use --sbs to pipe one side-by-side frame")
+    to_stdout = output == "-"
+    if to_stdout:
+        if fmt is None:
+            raise StereoError("-o - writes to standard output: say the format with --format png|pfm|npy|tiff")
+        if as_json:
+            raise StereoError("--json and -o - would both write to standard output; use --timings (stderr)")
+        ext = "." + fmt
+    else:
+        out_path, ext = io.check_output_path(output, fmt)
     if ext == ".png":
         io.check_png_range(params.min_disparity, params.num_disparities)
     if preview:
         io.check_preview_path(preview)
-    left_img, right_img = io.read_image(left), io.read_image(right)
+    cam = geometry.camera(focal, baseline, doffs, calib)
+    if (depth_out or ply_out) and cam is None:
+        raise StereoError("--depth and --ply need --focal and --baseline, or --calib")
+    if depth_out:
+        depth_path, depth_ext = io.check_output_path(depth_out)
+        if depth_ext == ".png":
+            raise StereoError(f"{depth_path}: depth is written as float: use .pfm, .npy or .tiff")
+    if ply_out:
+        _check_file_target(ply_out, ".ply")
+    left_img = io.read_image(left)
+    if sbs:
+        left_img, right_img = io.split_side_by_side(left_img, "standard input" if left == "-" else left)
+    else:
+        right_img = io.read_image(right)
     warn = (lambda m: click.echo(f"stereo: {m}", err=True)) if timings else None
     backend = get_backend(kw["device"], warn=warn)
     result = pipeline.run(left_img, right_img, params, backend)
-    io.write_disparity(out_path, result.disparity)
+    if to_stdout:
+        data = io.encode_disparity(result.disparity, ext)
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+    else:
+        io.write_disparity(out_path, result.disparity, ext)
     if preview:
         io.write_preview(preview, result.disparity, params.min_disparity,
                          params.min_disparity + params.num_disparities - 1)
+    if depth_out:
+        io.write_disparity(depth_path, geometry.depth(result.disparity, cam))
+    if ply_out:
+        pts = geometry.point_cloud(result.disparity, left_img, cam)
+        io.atomic_write(ply_out, geometry.encode_ply(pts))
     h, w = result.disparity.shape
     if timings:
         _print_timings(result, backend, w, h, params)
@@ -131,6 +199,16 @@ def match(left, right, output, preview, timings, as_json, **kw):
             "timings_ms": {k: round(v, 3) for k, v in result.timings.items()},
             "total_ms": round(result.total_ms, 3), "params": params.as_dict(),
         }))
+
+
+def _check_file_target(path, suffix):
+    from pathlib import Path
+    p = Path(path)
+    if p.suffix.lower() != suffix:
+        raise StereoError(f"{p}: the file name must end in {suffix}")
+    folder = p.parent if str(p.parent) else Path(".")
+    if not folder.is_dir():
+        raise StereoError(f"{p}: folder {folder} does not exist; create it first")
 
 
 def _print_timings(result, backend, w, h, params):
@@ -201,7 +279,7 @@ def eval_cmd(estimate, ground_truth, mask, max_disparity, as_json):
     mask_img = io.read_image(mask) != 0 if mask else None
     if mask_img is not None and mask_img.ndim == 3:
         mask_img = mask_img.any(axis=2)
-    all_est, all_gt = [], []
+    total = None
     for e, g in pairs:
         est, gt = io.read_disparity(e), io.read_disparity(g)
         if mask_img is not None and mask_img.shape != gt.shape:
@@ -209,23 +287,153 @@ def eval_cmd(estimate, ground_truth, mask, max_disparity, as_json):
                               f"{gt.shape[1]}x{gt.shape[0]}")
         if mask_img is not None:
             gt = np.where(mask_img, gt, np.nan)
-        m = metrics.evaluate(est, gt, max_disparity=max_disparity)
-        all_est.append(est.ravel())
-        all_gt.append(gt.ravel())
-        _print_metrics(str(e), m, as_json)
+        c = metrics.counts(est, gt, max_disparity=max_disparity)
+        total = metrics.add(total, c)
+        _print_metrics(str(e), metrics.summarize(c), as_json)
     if len(pairs) > 1:
-        _print_metrics("total", metrics.evaluate(np.concatenate(all_est), np.concatenate(all_gt),
-                                                  max_disparity=max_disparity), as_json)
+        _print_metrics("total", metrics.summarize(total), as_json)
 
 
-def _print_metrics(name, m, as_json):
+def _print_metrics(name, m, as_json, err=False):
     if as_json:
         click.echo(json.dumps({"estimate": name, **{k: round(v, 6) if isinstance(v, float) else v
                                                     for k, v in m.items()}}))
         return
     bad = "  ".join(f"bad{t:g} {100 * m[f'bad{t:g}']:5.2f}%" for t in (0.5, 1, 2, 4))
     click.echo(f"{name}: {bad}  D1 {100 * m['d1']:5.2f}%  density {100 * m['density']:5.1f}%  "
-               f"avg {m['avgerr']:.3f}  rms {m['rms']:.3f}  ({m['pixels']} px)")
+               f"avg {m['avgerr']:.3f}  rms {m['rms']:.3f}  ({m['pixels']} px)", err=err)
+
+
+@cli.command()
+@click.argument("folders", nargs=-1, type=click.Path(file_okay=False), metavar="[LEFT_DIR [RIGHT_DIR]]")
+@click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Output folder (created if missing); each map is OUT_DIR/<left stem>.<format>.")
+@click.option("--left-glob", help="Pattern of left images inside LEFT_DIR, e.g. '*_10.png', '*/im0.png', "
+                                  "'left_{name}.png' [every image].")
+@click.option("--right-glob", help="Pattern of right images inside RIGHT_DIR [same as --left-glob].")
+@click.option("--pairs", "pairs_file", type=click.Path(dir_okay=False, allow_dash=True),
+              help="File of lines 'left<TAB>right[<TAB>output]' instead of folders; '-' = stdin.")
+@click.option("--sbs", is_flag=True, help="Inputs are side-by-side frames (left half | right half); one folder.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="png", show_default=True,
+              help="Output format.")
+@_stage_options
+@click.option("--threads", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="Reader and writer threads (decoding/encoding overlap the matching).")
+@click.option("--skip-existing", is_flag=True, help="Skip pairs whose output exists (resume a run).")
+@click.option("--gt-dir", type=click.Path(file_okay=False),
+              help="Ground-truth folder: evaluate each map as it is written, print the total at the end.")
+@click.option("--gt-glob", help="Pattern of ground-truth files in --gt-dir (same key rules as --left-glob) "
+                                "[same name as the output].")
+@click.option("--max-disparity", type=float, help="With --gt-dir: ignore ground truth above this disparity.")
+@click.option("--jsonl", is_flag=True, help="One JSON line per pair on stdout, then one {\"summary\": ...} line.")
+@click.option("--progress/--no-progress", default=None,
+              help="Progress bar on stderr [on when stderr is a terminal].")
+def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, threads, skip_existing, gt_dir,
+          gt_glob, max_disparity, jsonl, progress, **kw):
+    """Match every pair of two folders (or of a list) and write one map per pair.
+
+    Files pair by name: LEFT_DIR/x.png with RIGHT_DIR/x.png. With --left-glob and
+    --right-glob the wildcards pair them ('*_10.png': KITTI; '*/im0.png' and '*/im1.png':
+    Middlebury, whose outputs are named after the scene folder). A bad pair is reported
+    and skipped; the exit status is 1 if any pair failed, 130 if interrupted (Ctrl-C
+    leaves no half-written file; run again with --skip-existing to resume).
+
+    \b
+    Examples:
+      stereo batch left/ right/ -o disp/ -n 128
+      stereo batch kitti/training/image_2 kitti/training/image_3 -o out/ -n 128 \\
+          --left-glob '*_10.png' --gt-dir kitti/training/disp_noc_0
+      stereo batch mb/ mb/ -o out/ --left-glob '*/im0.png' --right-glob '*/im1.png' --format pfm
+      stereo batch frames/ --sbs -o disp/ --skip-existing
+      find . -name 'l_*.png' | sed 's/\\(.*\\)l_\\(.*\\)/&\\t\\1r_\\2/' | stereo batch --pairs - -o out/
+      stereo batch left/ right/ -o disp/ --jsonl | jq -c 'select(.status != "ok")'
+    """
+    from pathlib import Path
+
+    from . import batch as B
+    from . import io
+    from .backends import get_backend
+
+    params = _params_from(kw)
+    ext = "." + fmt
+    if ext == ".png":
+        io.check_png_range(params.min_disparity, params.num_disparities)
+    want = 0 if pairs_file else (1 if sbs else 2)
+    if len(folders) != want:
+        if pairs_file:
+            raise click.UsageError("--pairs replaces LEFT_DIR and RIGHT_DIR; give only one of them")
+        raise click.UsageError("give one folder of side-by-side frames with --sbs" if sbs
+                               else "give LEFT_DIR and RIGHT_DIR (or --pairs FILE)")
+    out = Path(out_dir)
+    if pairs_file:
+        if pairs_file == "-":
+            text, source = sys.stdin.read(), "--pairs (stdin)"
+        else:
+            try:
+                text, source = Path(pairs_file).read_text(), f"--pairs {pairs_file}"
+            except OSError as e:
+                raise StereoError(f"cannot read --pairs {pairs_file}: {e.strerror}") from None
+        pairs = B.read_pairs_file(text, out, ext, sbs, source)
+    else:
+        pairs = B.find_pairs(folders[0], None if sbs else folders[1], out, ext, left_glob, right_glob, sbs)
+    if gt_dir:
+        B.attach_ground_truth(pairs, gt_dir, gt_glob)
+    B.check_outputs(pairs)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise StereoError(f"cannot create the output folder {out}: {e.strerror}") from None
+    show_bar = progress if progress is not None else sys.stderr.isatty()
+    backend = get_backend(kw["device"], warn=(lambda m: click.echo(f"stereo: {m}", err=True)) if show_bar else None)
+    summary = B.Summary()
+    bar = click.progressbar(length=len(pairs), label="matching", file=sys.stderr, hidden=not show_bar,
+                            show_pos=True, show_eta=True, item_show_func=lambda s: s, width=24)
+    t0 = time.perf_counter()
+
+    def on_event(ev):
+        if ev["status"] == "failed":
+            click.echo(("\r\033[K" if show_bar else "") + f"stereo: failed: {ev['left']}: {ev['error']}", err=True)
+        if jsonl:
+            click.echo(json.dumps(ev))
+        dt = time.perf_counter() - t0
+        rate = summary.done / dt if dt > 0 else 0.0
+        bar.update(1, f"{rate:.1f} pairs/s" + (f", {summary.failed} failed" if summary.failed else ""))
+
+    code = 0
+    with bar:
+        try:
+            B.run(pairs, params, backend, ext, threads=threads, skip_existing=skip_existing, on_event=on_event,
+                  max_disparity=max_disparity, summary=summary)
+        except KeyboardInterrupt:
+            code = 130
+    _print_batch_summary(summary, len(pairs), bool(gt_dir), jsonl, backend.name)
+    if code:
+        return code
+    return 1 if summary.failed else 0
+
+
+def _print_batch_summary(s, total, with_gt, jsonl, device):
+    rate = f"{s.done / s.seconds:.2f} pairs/s" if s.seconds > 0 else "-"
+    head = "interrupted after" if s.interrupted else f"batch on {device}:"
+    not_run = total - s.total
+    click.echo(f"stereo: {head} {s.done} done, {s.failed} failed, {s.skipped} skipped"
+               + (f", {not_run} not run" if not_run else "")
+               + f" in {s.seconds:.1f} s ({rate})", err=True)
+    for left, err in s.failures[:20]:
+        click.echo(f"  failed: {left}: {err}", err=True)
+    if len(s.failures) > 20:
+        click.echo(f"  ... and {len(s.failures) - 20} more failures", err=True)
+    if s.interrupted:
+        click.echo("stereo: outputs written so far are complete; resume with --skip-existing", err=True)
+    if with_gt:
+        if s.metric_counts is not None:
+            from . import metrics
+            _print_metrics(f"ground truth, {s.evaluated} maps", metrics.summarize(s.metric_counts), False,
+                           err=True)
+        if s.no_gt:
+            click.echo(f"stereo: {s.no_gt} pairs had no ground-truth file in --gt-dir", err=True)
+    if jsonl:
+        click.echo(json.dumps({"summary": s.as_dict()}))
 
 
 @cli.command()
@@ -267,7 +475,11 @@ def _cache_dir() -> str:
 def main(argv=None) -> int:
     """Entry point: one line on stderr and exit 2 for anything the user can fix."""
     try:
-        cli.main(args=argv, prog_name="stereo", standalone_mode=False)
+        rv = cli.main(args=argv, prog_name="stereo", standalone_mode=False)
+    except BrokenPipeError:  # e.g. `stereo batch --jsonl | head`: the reader left; not an error of ours
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 141
     except StereoError as e:
         click.echo(f"stereo: error: {e}", err=True)
         return EXIT_USAGE
@@ -284,7 +496,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         click.echo("stereo: interrupted", err=True)
         return 130
-    return 0
+    return rv if isinstance(rv, int) else 0
 
 
 if __name__ == "__main__":

@@ -52,7 +52,13 @@ def decode_image(data: bytes, name: str) -> np.ndarray:
 
 
 def read_image(path: str | os.PathLike) -> np.ndarray:
-    """Read an image file as it is stored (grey or colour, 8/16 bit)."""
+    """Read an image file as it is stored (grey or colour, 8/16 bit); "-" reads standard input."""
+    if str(path) == "-":
+        import sys
+        data = sys.stdin.buffer.read()
+        if not data:
+            raise StereoError("standard input is empty; pipe an encoded image into it (e.g. PNG)")
+        return decode_image(data, "standard input")
     p = Path(path)
     if not p.exists():
         raise StereoError(f"{p}: no such file")
@@ -65,10 +71,25 @@ def read_image(path: str | os.PathLike) -> np.ndarray:
     return decode_image(data, str(p))
 
 
-def check_output_path(path: str | os.PathLike) -> tuple[Path, str]:
-    """Validate an output path before any work: folder exists, extension known."""
+def split_side_by_side(img: np.ndarray, name: str = "the image") -> tuple[np.ndarray, np.ndarray]:
+    """One side-by-side frame (left half | right half) -> (left, right)."""
+    w = img.shape[1]
+    if w % 2:
+        raise StereoError(f"{name} is {w} px wide, an odd width, so it is not a side-by-side pair; "
+                          f"drop --sbs or give the frame at its full, even width")
+    return img[:, : w // 2], img[:, w // 2:]
+
+
+def check_output_path(path: str | os.PathLike, fmt: str | None = None) -> tuple[Path, str]:
+    """Validate an output path before any work: folder exists, extension known (or `fmt`
+    given, which then must agree with a known extension)."""
     p = Path(path)
     ext = p.suffix.lower()
+    if fmt is not None:
+        fmt = "." + fmt.lower().lstrip(".")
+        if ext in DISPARITY_FORMATS and ext.replace("tiff", "tif") != fmt.replace("tiff", "tif"):
+            raise StereoError(f"{p} ends in {ext} but --format is {fmt[1:]}; make them agree")
+        ext = fmt
     if ext not in DISPARITY_FORMATS:
         raise StereoError(f"{p}: cannot write disparity as {ext or 'a file without extension'!r}; "
                           f"use one of {', '.join(DISPARITY_FORMATS)}")
@@ -157,8 +178,9 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
         raise
 
 
-def write_disparity(path: str | os.PathLike, disp: np.ndarray) -> None:
-    p, ext = check_output_path(path)
+def write_disparity(path: str | os.PathLike, disp: np.ndarray, ext: str | None = None) -> None:
+    """Write a map atomically; the format is `ext` (".pfm", ...) or the path's extension."""
+    p, ext = check_output_path(path, ext)
     try:
         atomic_write(p, encode_disparity(disp, ext))
     except OSError as e:

@@ -4,6 +4,9 @@ Both maps are float32 with NaN (or inf) where invalid. Statistics run over the
 pixels with valid ground truth (optionally also inside `mask`). "bad-t" counts
 pixels whose estimate is off by more than t px *or missing*; "bad-t (est)" the
 same over the pixels that have an estimate.
+
+`counts` gives the raw sums of one map; sums of several maps add up key by key,
+and `summarize` turns them into the metrics, so a folder total is over all pixels.
 """
 from __future__ import annotations
 
@@ -12,8 +15,9 @@ import numpy as np
 BAD_THRESHOLDS = (0.5, 1.0, 2.0, 4.0)
 
 
-def evaluate(est: np.ndarray, gt: np.ndarray, mask: np.ndarray | None = None,
-             max_disparity: float | None = None) -> dict:
+def counts(est: np.ndarray, gt: np.ndarray, mask: np.ndarray | None = None,
+           max_disparity: float | None = None) -> dict:
+    """Integer and float sums behind the metrics of one map (add them to combine maps)."""
     est = np.asarray(est, np.float64)
     gt = np.asarray(gt, np.float64)
     if est.shape != gt.shape:
@@ -25,18 +29,35 @@ def evaluate(est: np.ndarray, gt: np.ndarray, mask: np.ndarray | None = None,
         known &= gt <= max_disparity
     if mask is not None:
         known &= mask.astype(bool)
-    n = int(known.sum())
     have = known & np.isfinite(est)
     err = np.abs(est - gt)[have]
-    gt_have = gt[have]
-    out = {"pixels": n, "density": (have.sum() / n) if n else 0.0}
+    out = {"pixels": int(known.sum()), "estimated": int(have.sum()),
+           "err_sum": float(err.sum()), "sq_sum": float((err ** 2).sum()),
+           "d1": int(((err > 3.0) & (err > 0.05 * np.abs(gt[have]))).sum())}
     for t in BAD_THRESHOLDS:
-        bad = int((err > t).sum())
-        out[f"bad{t:g}"] = ((bad + (n - have.sum())) / n) if n else 0.0
-        out[f"bad{t:g}_est"] = (bad / err.size) if err.size else 0.0
-    out["avgerr"] = float(err.mean()) if err.size else float("nan")
-    out["rms"] = float(np.sqrt((err ** 2).mean())) if err.size else float("nan")
-    d1 = (err > 3.0) & (err > 0.05 * np.abs(gt_have))
-    out["d1"] = ((int(d1.sum()) + (n - have.sum())) / n) if n else 0.0
-    out["d1_est"] = (d1.sum() / err.size) if err.size else 0.0
+        out[f"bad{t:g}"] = int((err > t).sum())
+    return out
+
+
+def add(a: dict | None, b: dict) -> dict:
+    return dict(b) if a is None else {k: a[k] + b[k] for k in a}
+
+
+def summarize(c: dict) -> dict:
+    n, e = c["pixels"], c["estimated"]
+    missing = n - e
+    out = {"pixels": n, "density": e / n if n else 0.0}
+    for t in BAD_THRESHOLDS:
+        k = f"bad{t:g}"
+        out[k] = (c[k] + missing) / n if n else 0.0
+        out[f"{k}_est"] = c[k] / e if e else 0.0
+    out["avgerr"] = c["err_sum"] / e if e else float("nan")
+    out["rms"] = float(np.sqrt(c["sq_sum"] / e)) if e else float("nan")
+    out["d1"] = (c["d1"] + missing) / n if n else 0.0
+    out["d1_est"] = c["d1"] / e if e else 0.0
     return {k: (float(v) if not isinstance(v, int) else v) for k, v in out.items()}
+
+
+def evaluate(est: np.ndarray, gt: np.ndarray, mask: np.ndarray | None = None,
+             max_disparity: float | None = None) -> dict:
+    return summarize(counts(est, gt, mask, max_disparity))

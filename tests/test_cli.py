@@ -114,13 +114,29 @@ def bad_cases(tmp):
         "bad config": (("match", LEFT, RIGHT, "-o", tmp / "o.pfm", "--config", tmp / "none.toml", *ok),
                        "cannot read config"),
         "p2 too big": (("match", LEFT, RIGHT, "-o", tmp / "o.pfm", "--p2", 99999, *ok), "--p2"),
+        "two stdins": (("match", "-", "-", "-o", tmp / "o.pfm", *ok), "only one of LEFT and RIGHT"),
+        "stdout no format": (("match", LEFT, RIGHT, "-o", "-", *ok), "--format"),
+        "format clash": (("match", LEFT, RIGHT, "-o", tmp / "o.pfm", "--format", "png", *ok), "--format"),
+        "sbs odd width": (("match", other_odd(tmp), "--sbs", "-o", tmp / "o.pfm", "-n", 4), "odd width"),
+        "depth no focal": (("match", LEFT, RIGHT, "-o", tmp / "o.pfm", "--depth", tmp / "z.pfm", *ok),
+                           "--focal"),
+        "depth png": (("match", LEFT, RIGHT, "-o", tmp / "o.pfm", "--depth", tmp / "z.png", "--focal", 100,
+                       "--baseline", 1, *ok), "float"),
+        "batch no folder": (("batch", tmp / "nope", tmp, "-o", tmp / "out", *ok), "no such folder"),
     }
+
+
+def other_odd(tmp):
+    p = tmp / "odd.png"
+    cv2.imwrite(str(p), np.zeros((20, 31), np.uint8))
+    return p
 
 
 @pytest.mark.parametrize("case", [
     "missing file", "unreadable", "size mismatch", "range too wide", "range outside", "negative window",
     "census too big", "unknown preset", "unknown cost", "unknown option", "missing folder", "no writer",
-    "png range", "bad config", "p2 too big"])
+    "png range", "bad config", "p2 too big", "two stdins", "stdout no format", "format clash", "sbs odd width",
+    "depth no focal", "depth png", "batch no folder"])
 def test_bad_input_is_one_line_exit_2_and_no_output(tmp_path, case):
     args, needle = bad_cases(tmp_path)[case]
     before = set(p.name for p in tmp_path.rglob("*"))

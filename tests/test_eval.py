@@ -44,3 +44,25 @@ def test_eval_cli_on_files_and_folders(tmp_path):
     assert r.returncode == 0 and "bad2" in r.stdout
     r = stereo("eval", tmp_path / "est", tmp_path / "nope")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_folder_total_is_over_all_pixels_of_all_maps():
+    rng = np.random.default_rng(5)
+    maps = []
+    for shape in ((6, 7), (4, 9)):
+        gt = rng.uniform(0, 40, shape).astype(np.float32)
+        gt[rng.random(shape) < 0.2] = NAN
+        est = (gt + rng.normal(0, 2.5, shape)).astype(np.float32)
+        est[rng.random(shape) < 0.1] = NAN
+        maps.append((est, gt))
+    total = None
+    for est, gt in maps:
+        total = metrics.add(total, metrics.counts(est, gt))
+    flat = metrics.evaluate(np.concatenate([e.ravel() for e, _ in maps]), np.concatenate([g.ravel() for _, g in maps]))
+    got = metrics.summarize(total)
+    assert got.keys() == flat.keys()
+    for k in flat:
+        assert got[k] == pytest.approx(flat[k], rel=1e-9), k
+    # and not the mean of the two maps' fractions (the maps have different numbers of pixels)
+    per_map = [metrics.evaluate(e, g)["bad2"] for e, g in maps]
+    assert got["bad2"] != pytest.approx(sum(per_map) / 2, rel=1e-6)

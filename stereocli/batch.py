@@ -1,0 +1,377 @@
+"""Many pairs: find and pair the files, then match them with I/O overlapped with compute.
+
+Pairing (`find_pairs`)
+  LEFT_DIR and RIGHT_DIR hold files of the same name (default), or files that match
+  `left_glob` / `right_glob`. A pattern's wildcards (`*`, `?`, `[..]`, `**`) form the
+  pairing key: `*_10.png` pairs image_2/000123_10.png with image_3/000123_10.png;
+  `*/im0.png` + `*/im1.png` pair by folder (Middlebury). `{name}` marks the part
+  that is the key (and the output name): `left_{name}.png` + `right_{name}.png`.
+  The output is OUT_DIR/<left file stem>.<ext>, keeping sub-folders the pattern
+  spans; when the file name is fixed (`*/im0.png`) it is the folder's: <scene>.<ext>.
+  `read_pairs_file` takes lines `left<TAB>right[<TAB>output]` instead.
+
+Running (`run`)
+  Decoding runs in reader threads a few pairs ahead, encoding/writing (and the
+  ground-truth evaluation) in writer threads, while the calling thread runs the
+  matcher (CPU or GPU) on one pair after another; the backend, and so the compiled
+  kernels, are shared by all pairs. Every pair ends as one event (a dict) passed to
+  `on_event`: status ok / failed / skipped, paths, per-stage ms, metrics.
+"""
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import io, metrics, pipeline
+from .errors import StereoError
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".pgm", ".ppm", ".pnm", ".webp"}
+
+
+@dataclass
+class Pair:
+    left: str
+    right: str | None  # None: `left` is one side-by-side frame
+    output: Path
+    key: str = ""
+    gt: Path | None = None
+    error: str | None = None  # known bad before any work (no partner, bad line)
+
+
+@dataclass
+class Summary:
+    done: int = 0
+    failed: int = 0
+    skipped: int = 0
+    interrupted: bool = False
+    seconds: float = 0.0
+    failures: list = field(default_factory=list)  # (left, error)
+    metric_counts: dict | None = None  # summed metrics.counts over evaluated pairs
+    evaluated: int = 0
+    no_gt: int = 0
+    read_ms: float = 0.0
+    compute_ms: float = 0.0
+    write_ms: float = 0.0
+
+    @property
+    def total(self) -> int:
+        return self.done + self.failed + self.skipped
+
+    def as_dict(self) -> dict:
+        out = {"done": self.done, "failed": self.failed, "skipped": self.skipped,
+               "interrupted": self.interrupted, "seconds": round(self.seconds, 3),
+               "pairs_per_s": round(self.done / self.seconds, 3) if self.seconds > 0 else 0.0,
+               "read_ms": round(self.read_ms, 1), "compute_ms": round(self.compute_ms, 1),
+               "write_ms": round(self.write_ms, 1)}
+        if self.metric_counts is not None:
+            out["evaluated"] = self.evaluated
+            out["metrics"] = {k: round(v, 6) if isinstance(v, float) else v
+                              for k, v in metrics.summarize(self.metric_counts).items()}
+        return out
+
+
+# ----------------------------------------------------------------------------- pairing
+
+class Pattern:
+    """A glob relative to a folder, whose wildcards (or `{name}`) give each file's key."""
+
+    def __init__(self, pattern: str | None, suffixes=IMAGE_SUFFIXES, what: str = "--left-glob"):
+        self.text = pattern
+        self.suffixes = suffixes
+        if pattern is None:
+            return
+        p = pattern.replace("\\", "/").strip("/")
+        if not p or p.startswith("../") or "/../" in p:
+            raise StereoError(f"{what} {pattern!r}: give a pattern inside the folder, e.g. '*_10.png'")
+        self.has_name = "{name}" in p
+        self.glob = p.replace("{name}", "*")
+        self.regex = re.compile(_glob_regex(p))
+        last = p.rsplit("/", 1)[-1]
+        self.fixed_name = not self.has_name and not any(c in last for c in "*?[")
+        if self.fixed_name and "/" not in p:
+            raise StereoError(f"{what} {pattern!r} has no wildcard, so it names one file; "
+                              f"use e.g. '*.png' or '*/{p}'")
+
+    def files(self, folder: Path) -> dict[str, tuple[Path, str]]:
+        """{key: (path, output name without extension)} of the files in `folder`."""
+        if self.text is None:
+            out = {}
+            for f in sorted(folder.iterdir()):
+                if f.is_file() and f.suffix.lower() in self.suffixes:
+                    out.setdefault(f.stem, (f, f.stem))
+            return out
+        out = {}
+        for f in sorted(folder.glob(self.glob)):
+            if not f.is_file():
+                continue
+            rel = f.relative_to(folder).as_posix()
+            m = self.regex.fullmatch(rel)
+            if m is None:
+                continue
+            if self.has_name:
+                key = name = m.group("name")
+            else:
+                key = "\x00".join(g or "" for g in m.groups())
+                name = os.path.dirname(rel) if self.fixed_name else os.path.splitext(rel)[0]
+            out.setdefault(key, (f, name))
+        return out
+
+
+def _glob_regex(p: str) -> str:
+    """Glob (with `**`, `*`, `?`, `[...]`, `{name}`) -> regex with one group per wildcard."""
+    out, i = [], 0
+    while i < len(p):
+        if p.startswith("{name}", i):
+            out.append("(?P<name>[^/]+)")
+            i += 6
+        elif p.startswith("**/", i):
+            out.append("((?:[^/]+/)*)")
+            i += 3
+        elif p.startswith("**", i):
+            out.append("(.*)")
+            i += 2
+        elif p[i] == "*":
+            out.append("([^/]*)")
+            i += 1
+        elif p[i] == "?":
+            out.append("([^/])")
+            i += 1
+        elif p[i] == "[" and "]" in p[i + 1:]:
+            j = p.index("]", i + 2) if p[i + 1] == "]" else p.index("]", i + 1)
+            body = p[i + 1:j]
+            if body.startswith("!"):
+                body = "^" + body[1:]
+            out.append(f"([{body}])")
+            i = j + 1
+        else:
+            out.append(re.escape(p[i]))
+            i += 1
+    return "".join(out)
+
+
+def find_pairs(left_dir, right_dir, out_dir, ext: str, left_glob=None, right_glob=None,
+               sbs: bool = False) -> list[Pair]:
+    """Pairs of LEFT_DIR x RIGHT_DIR by key; left files without a partner become failed pairs."""
+    left_dir = _folder(left_dir, "LEFT_DIR")
+    lp = Pattern(left_glob, what="--left-glob")
+    lefts = lp.files(left_dir)
+    if not lefts:
+        what = f"matches {left_glob!r}" if left_glob else "is an image"
+        raise StereoError(f"no file in {left_dir} {what}; check the folder or --left-glob")
+    if sbs:
+        return [Pair(str(f), None, Path(out_dir) / (name + ext), key) for key, (f, name) in lefts.items()]
+    right_dir = _folder(right_dir, "RIGHT_DIR")
+    rights = Pattern(right_glob if right_glob is not None else left_glob, what="--right-glob").files(right_dir)
+    if not rights:
+        raise StereoError(f"no file in {right_dir} matches {right_glob or left_glob or 'an image name'!r}; "
+                          f"check the folder or --right-glob")
+    pairs = []
+    for key, (f, name) in lefts.items():
+        out = Path(out_dir) / (name + ext)
+        if key in rights:
+            pairs.append(Pair(str(f), str(rights[key][0]), out, key))
+        else:
+            pairs.append(Pair(str(f), None, out, key, error=f"no right image in {right_dir} pairs with it"))
+    if not any(p.error is None for p in pairs):
+        raise StereoError(f"no file of {left_dir} has a partner in {right_dir}; check --left-glob/--right-glob")
+    return pairs
+
+
+def read_pairs_file(text: str, out_dir, ext: str, sbs: bool = False, source: str = "--pairs") -> list[Pair]:
+    """Lines `left<TAB>right[<TAB>output]` (`frame[<TAB>output]` with --sbs); # comments, blank lines."""
+    pairs = []
+    need = 1 if sbs else 2
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        fields = line.rstrip("\r\n").split("\t")
+        if len(fields) < need or len(fields) > need + 1 or not all(fields):
+            want = "frame[<TAB>output]" if sbs else "left<TAB>right[<TAB>output]"
+            pairs.append(Pair(fields[0], None, Path(out_dir) / f"line{n}{ext}", f"line{n}",
+                              error=f"{source} line {n}: expected {want}, got {len(fields)} field(s)"))
+            continue
+        left = fields[0]
+        right = None if sbs else fields[1]
+        if len(fields) > need:
+            out = Path(fields[need])
+            if out.suffix.lower() not in io.DISPARITY_FORMATS:
+                out = out.with_name(out.name + ext)
+            out = out if out.is_absolute() else Path(out_dir) / out
+        else:
+            out = Path(out_dir) / (Path(left).stem + ext)
+        pairs.append(Pair(left, right, out, out.stem))
+    if not pairs:
+        raise StereoError(f"{source} holds no pairs; give lines 'left<TAB>right[<TAB>output]'")
+    return pairs
+
+
+def attach_ground_truth(pairs: list[Pair], gt_dir, gt_glob=None) -> None:
+    """Give each pair the ground-truth file with the same key (by default: output name)."""
+    gts = Pattern(gt_glob, suffixes=set(io.DISPARITY_FORMATS), what="--gt-glob").files(_folder(gt_dir, "--gt-dir"))
+    by_name = {Path(name).name: f for f, name in gts.values()}
+    for p in pairs:
+        hit = gts.get(p.key)
+        p.gt = hit[0] if hit else by_name.get(p.output.stem)
+
+
+def check_outputs(pairs: list[Pair]) -> None:
+    """Before any work: no two pairs share an output, no output overwrites an input."""
+    seen = {}
+    inputs = {os.path.realpath(x) for p in pairs for x in (p.left, p.right) if x and x != "-"}
+    for p in pairs:
+        if p.error:
+            continue
+        real = os.path.realpath(p.output)
+        if real in seen:
+            raise StereoError(f"{p.left} and {seen[real]} would both write {p.output}; "
+                              f"give outputs in --pairs or a pattern with {{name}}")
+        if real in inputs:
+            raise StereoError(f"the output {p.output} would overwrite an input image; choose another -o folder "
+                              f"or --format")
+        seen[real] = p.left
+
+
+def _folder(path, what) -> Path:
+    p = Path(path)
+    if not p.is_dir():
+        raise StereoError(f"{what} {p} is not a folder" if p.exists() else f"{what} {p}: no such folder")
+    return p
+
+
+# ----------------------------------------------------------------------------- running
+
+def load_pair(pair: Pair):
+    """Decode one pair (in a reader thread) -> (left, right, ms)."""
+    t = time.perf_counter()
+    left = io.read_image(pair.left)
+    if pair.right is None:
+        left, right = io.split_side_by_side(left, pair.left)
+    else:
+        right = io.read_image(pair.right)
+    return left, right, (time.perf_counter() - t) * 1e3
+
+
+def save_result(pair: Pair, disp, ext: str, max_disparity=None):
+    """Encode and write one map (in a writer thread), evaluate it if it has ground truth."""
+    t = time.perf_counter()
+    pair.output.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        io.atomic_write(pair.output, io.encode_disparity(disp, ext))
+    except OSError as e:
+        raise StereoError(f"cannot write {pair.output}: {e.strerror}") from None
+    write_ms = (time.perf_counter() - t) * 1e3
+    counts = None
+    if pair.gt is not None:
+        counts = metrics.counts(disp, io.read_disparity(pair.gt), max_disparity=max_disparity)
+    return write_ms, counts
+
+
+def run(pairs: list[Pair], params, backend, ext: str, *, threads: int = 4, skip_existing: bool = False,
+        on_event=None, max_disparity=None, summary: Summary | None = None) -> Summary:
+    """Match every pair; one bad pair is reported (event status "failed") and skipped.
+    KeyboardInterrupt stops after the writes in flight finish (outputs are written whole
+    or not at all) and is re-raised, with `summary.interrupted` set on `summary`."""
+    summary = summary if summary is not None else Summary()
+    on_event = on_event or (lambda ev: None)
+    start = time.perf_counter()
+    todo = deque()
+    for p in pairs:
+        if p.error is None and skip_existing and p.output.exists():
+            summary.skipped += 1
+            on_event(_event(p, "skipped"))
+        else:
+            todo.append(p)
+    lookahead = max(2, 2 * threads)
+    readers = ThreadPoolExecutor(threads, thread_name_prefix="stereo-read")
+    writers = ThreadPoolExecutor(threads, thread_name_prefix="stereo-write")
+    reads: deque = deque()  # (pair, future) in order
+    writes: deque = deque()  # (pair, future, event)
+    queue = iter(todo)
+
+    def refill():
+        while len(reads) < lookahead:
+            p = next(queue, None)
+            if p is None:
+                return
+            reads.append((p, None if p.error else readers.submit(load_pair, p)))
+
+    def fail(p, msg, ev=None):
+        summary.failed += 1
+        summary.failures.append((p.left, msg))
+        ev = ev or _event(p, "failed")
+        ev.update(status="failed", error=msg)
+        on_event(ev)
+
+    def finish(block: bool):
+        while writes and (block or writes[0][1].done() or len(writes) > lookahead):
+            p, fut, ev = writes.popleft()
+            try:
+                write_ms, counts = fut.result()
+            except StereoError as e:
+                fail(p, str(e), ev)
+                continue
+            except Exception as e:  # an unforeseen failure of one pair must not stop the batch
+                fail(p, f"internal error: {type(e).__name__}: {e}", ev)
+                continue
+            summary.done += 1
+            summary.write_ms += write_ms
+            ev["write_ms"] = round(write_ms, 3)
+            if counts is not None:
+                summary.metric_counts = metrics.add(summary.metric_counts, counts)
+                summary.evaluated += 1
+                ev["metrics"] = {k: round(v, 6) if isinstance(v, float) else v
+                                 for k, v in metrics.summarize(counts).items()}
+            on_event(ev)
+
+    try:
+        refill()
+        while reads:
+            p, fut = reads.popleft()
+            refill()
+            if p.error:
+                fail(p, p.error)
+                continue
+            try:
+                left, right, read_ms = fut.result()
+                summary.read_ms += read_ms
+                result = pipeline.run(left, right, params, backend)
+            except StereoError as e:
+                fail(p, str(e))
+                continue
+            except Exception as e:
+                fail(p, f"internal error: {type(e).__name__}: {e}")
+                continue
+            summary.compute_ms += result.total_ms
+            ev = _event(p, "ok")
+            ev.update(read_ms=round(read_ms, 3), width=int(result.disparity.shape[1]),
+                      height=int(result.disparity.shape[0]), device=result.device, strips=result.strips,
+                      timings_ms={k: round(v, 3) for k, v in result.timings.items()},
+                      compute_ms=round(result.total_ms, 3))
+            writes.append((p, writers.submit(save_result, p, result.disparity, ext, max_disparity), ev))
+            finish(block=False)
+        finish(block=True)
+    except KeyboardInterrupt:
+        summary.interrupted = True
+        for _, f in reads:
+            if f is not None:
+                f.cancel()
+        finish(block=True)  # let the writes in flight complete: no half-written outputs
+        raise
+    finally:
+        readers.shutdown(wait=False, cancel_futures=True)
+        writers.shutdown(wait=True)
+        summary.seconds = time.perf_counter() - start
+        summary.no_gt = sum(1 for p in pairs if p.gt is None)
+    return summary
+
+
+def _event(p: Pair, status: str) -> dict:
+    ev = {"left": p.left, "right": p.right, "output": str(p.output), "status": status}
+    if p.gt is not None:
+        ev["gt"] = str(p.gt)
+    return ev

@@ -1,0 +1,239 @@
+"""`stereo batch` as users run it on dataset layouts, and the shell-pipeline forms of `match`."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from conftest import SAMPLE
+from stereocli import batch as B
+from stereocli import geometry, io
+from test_cli import stereo
+
+N = ("-n", 16, "--device", "cpu")
+
+
+@pytest.fixture(scope="module")
+def crops():
+    """Three different small pairs cut from the sample (so outputs differ pair to pair)."""
+    left, right = cv2.imread(str(SAMPLE / "left.png")), cv2.imread(str(SAMPLE / "right.png"))
+    return [(left[y:y + 64, x:x + 96].copy(), right[y:y + 64, x:x + 96].copy())
+            for y, x in ((0, 0), (100, 120), (200, 250))]
+
+
+def expected(l_img, r_img):
+    import stereocli
+    return stereocli.match(l_img, r_img, num_disparities=16)[0]
+
+
+def same_map(a, b, tol=0.0):
+    """Equal maps (NaN = NaN); tol = 1/256 for 16-bit PNG, which stores round(d*256)."""
+    return a.shape == b.shape and bool(np.all((np.abs(a - b) <= tol) | (np.isnan(a) & np.isnan(b))))
+
+
+PNG_TOL = 1 / 256 + 1e-6
+
+
+def kitti_tree(root: Path, crops, corrupt=None):
+    (root / "image_2").mkdir(parents=True)
+    (root / "image_3").mkdir()
+    for i, (l_img, r_img) in enumerate(crops):
+        cv2.imwrite(str(root / "image_2" / f"00000{i}_10.png"), l_img)
+        cv2.imwrite(str(root / "image_3" / f"00000{i}_10.png"), r_img)
+        cv2.imwrite(str(root / "image_2" / f"00000{i}_11.png"), l_img)  # other frame: not matched by the glob
+    if corrupt is not None:
+        (root / "image_3" / f"00000{corrupt}_10.png").write_bytes(b"\x89PNG truncated")
+
+
+def test_kitti_layout_pairs_by_glob_and_names_outputs_by_left_stem(tmp_path, crops):
+    kitti_tree(tmp_path / "kitti", crops)
+    r = stereo("batch", tmp_path / "kitti/image_2", tmp_path / "kitti/image_3", "-o", tmp_path / "out",
+               "--left-glob", "*_10.png", "--format", "pfm", "--jsonl", *N)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [f"00000{i}_10.pfm" for i in range(3)]
+    for i, (l_img, r_img) in enumerate(crops):
+        assert same_map(io.read_disparity(tmp_path / f"out/00000{i}_10.pfm"), expected(l_img, r_img))
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [x["status"] for x in lines[:-1]] == ["ok"] * 3
+    assert lines[-1]["summary"]["done"] == 3 and "3 done, 0 failed" in r.stderr
+
+
+def test_middlebury_layout_names_outputs_after_the_scene_folder(tmp_path, crops):
+    for name, (l_img, r_img) in zip(("cones", "teddy"), crops):
+        (tmp_path / "mb" / name).mkdir(parents=True)
+        cv2.imwrite(str(tmp_path / "mb" / name / "im0.png"), l_img)
+        cv2.imwrite(str(tmp_path / "mb" / name / "im1.png"), r_img)
+        io.write_disparity(tmp_path / "mb" / name / "disp0GT.pfm", expected(l_img, r_img))
+    r = stereo("batch", tmp_path / "mb", tmp_path / "mb", "-o", tmp_path / "out", "--left-glob", "*/im0.png",
+               "--right-glob", "*/im1.png", "--format", "npy", "--gt-dir", tmp_path / "mb",
+               "--gt-glob", "*/disp0GT.pfm", "--jsonl", *N)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["cones.npy", "teddy.npy"]
+    events = [json.loads(x) for x in r.stdout.splitlines()]
+    # the ground truth is our own result here, so every evaluated pixel is exact
+    assert all(e["metrics"]["bad0.5_est"] == 0 for e in events[:-1])
+    assert events[-1]["summary"]["evaluated"] == 2 and "ground truth, 2 maps" in r.stderr
+
+
+def test_pattern_keys():
+    p = B.Pattern("left_{name}.png")
+    assert p.regex.fullmatch("left_0042.png").group("name") == "0042"
+    assert p.regex.fullmatch("right_0042.png") is None
+    assert B.Pattern("**/*_10.png").regex.fullmatch("a/b/7_10.png").groups() == ("a/b/", "7")
+    with pytest.raises(B.StereoError, match="no wildcard"):
+        B.Pattern("im0.png")
+
+
+def test_name_pattern_in_one_folder(tmp_path, crops):
+    for i, (l_img, r_img) in enumerate(crops[:2]):
+        cv2.imwrite(str(tmp_path / f"left_{i}.png"), l_img)
+        cv2.imwrite(str(tmp_path / f"right_{i}.png"), r_img)
+    r = stereo("batch", tmp_path, tmp_path, "-o", tmp_path / "out", "--left-glob", "left_{name}.png",
+               "--right-glob", "right_{name}.png", *N)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["0.png", "1.png"]
+
+
+def test_corrupt_pair_in_the_middle_is_skipped_and_reported(tmp_path, crops):
+    kitti_tree(tmp_path / "k", crops, corrupt=1)
+    (tmp_path / "k/image_2/000009_10.png").write_bytes(cv2.imencode(".png", crops[0][0])[1].tobytes())  # no right
+    r = stereo("batch", tmp_path / "k/image_2", tmp_path / "k/image_3", "-o", tmp_path / "out",
+               "--left-glob", "*_10.png", "--jsonl", *N)
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["000000_10.png", "000002_10.png"]
+    assert same_map(io.read_disparity(tmp_path / "out/000002_10.png"), expected(*crops[2]), PNG_TOL)
+    events = [json.loads(x) for x in r.stdout.splitlines()]
+    status = {Path(e["left"]).name: e["status"] for e in events[:-1]}
+    assert status == {"000000_10.png": "ok", "000001_10.png": "failed", "000002_10.png": "ok",
+                      "000009_10.png": "failed"}
+    assert events[-1]["summary"]["failed"] == 2
+    assert "2 done, 2 failed, 0 skipped" in r.stderr
+    assert "cannot decode" in r.stderr and "no right image" in r.stderr
+
+
+def test_skip_existing_resumes(tmp_path, crops):
+    kitti_tree(tmp_path / "k", crops)
+    args = ("batch", tmp_path / "k/image_2", tmp_path / "k/image_3", "-o", tmp_path / "out",
+            "--left-glob", "*_10.png", *N)
+    (tmp_path / "out").mkdir()
+    marker = b"left alone by --skip-existing"
+    (tmp_path / "out/000001_10.png").write_bytes(marker)
+    r = stereo(*args, "--skip-existing")
+    assert r.returncode == 0, r.stderr
+    assert "2 done, 0 failed, 1 skipped" in r.stderr
+    assert (tmp_path / "out/000001_10.png").read_bytes() == marker
+    r = stereo(*args)  # without the flag, everything is redone
+    assert "3 done" in r.stderr and (tmp_path / "out/000001_10.png").read_bytes() != marker
+
+
+def test_pairs_from_stdin_with_outputs(tmp_path, crops):
+    lines = []
+    for i, (l_img, r_img) in enumerate(crops[:2]):
+        cv2.imwrite(str(tmp_path / f"a{i}.png"), l_img)
+        cv2.imwrite(str(tmp_path / f"b{i}.png"), r_img)
+        lines.append(f"{tmp_path / f'a{i}.png'}\t{tmp_path / f'b{i}.png'}\tsub/pair{i}")
+    lines.append("# a comment, then a malformed line")
+    lines.append(str(tmp_path / "a0.png"))
+    r = subprocess.run([sys.executable, "-m", "stereocli.cli", "batch", "--pairs", "-", "-o", str(tmp_path / "out"),
+                        "--format", "tiff", *map(str, N)], input="\n".join(lines) + "\n", capture_output=True,
+                       text=True)
+    assert r.returncode == 1, r.stderr  # the malformed line fails, the others are written
+    assert "line 4" in r.stderr
+    for i in range(2):
+        assert same_map(io.read_disparity(tmp_path / f"out/sub/pair{i}.tiff"), expected(*crops[i]))
+
+
+def test_ctrl_c_stops_cleanly_and_resume_finishes(tmp_path):
+    left, right = cv2.imread(str(SAMPLE / "left.png")), cv2.imread(str(SAMPLE / "right.png"))
+    (tmp_path / "L").mkdir()
+    (tmp_path / "R").mkdir()
+    for i in range(150):
+        cv2.imwrite(str(tmp_path / f"L/{i:03d}.png"), left)
+        cv2.imwrite(str(tmp_path / f"R/{i:03d}.png"), right)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "stereocli.cli", "batch", str(tmp_path / "L"), str(tmp_path / "R"), "-o", str(out),
+           "-n", "16", "--device", "cpu"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (out.is_dir() and len(list(out.glob("*.png"))) >= 3):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    written = sorted(out.iterdir())
+    if proc.returncode == 0:  # finished before the signal arrived: nothing to check about stopping
+        pytest.skip("the batch finished before Ctrl-C")
+    assert proc.returncode == 130, err
+    assert "interrupted after" in err and "Traceback" not in err
+    assert all(p.suffix == ".png" and not p.name.startswith(".") for p in written)  # no .part files
+    assert 0 < len(written) < 150
+    ref = io.read_disparity(written[0])
+    assert all(same_map(io.read_disparity(p), ref) for p in written)  # every file whole
+    r = subprocess.run(cmd + ["--skip-existing"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert f"{len(written)} skipped" in r.stderr and len(list(out.iterdir())) == 150
+
+
+def test_sbs_batch_and_match(tmp_path, crops):
+    (tmp_path / "frames").mkdir()
+    for i, (l_img, r_img) in enumerate(crops[:2]):
+        cv2.imwrite(str(tmp_path / f"frames/f{i}.png"), np.hstack([l_img, r_img]))
+    r = stereo("batch", tmp_path / "frames", "--sbs", "-o", tmp_path / "out", "--format", "pfm", *N)
+    assert r.returncode == 0, r.stderr
+    for i in range(2):
+        assert same_map(io.read_disparity(tmp_path / f"out/f{i}.pfm"), expected(*crops[i]))
+    r = stereo("match", tmp_path / "frames/f1.png", "--sbs", "-o", tmp_path / "m.pfm", *N)
+    assert r.returncode == 0, r.stderr
+    assert same_map(io.read_disparity(tmp_path / "m.pfm"), expected(*crops[1]))
+
+
+@pytest.mark.parametrize("fmt", ["png", "pfm", "npy", "tiff"])
+def test_stdin_to_stdout_round_trip(tmp_path, crops, fmt):
+    l_img, r_img = crops[0]
+    cv2.imwrite(str(tmp_path / "r.png"), r_img)
+    data = cv2.imencode(".png", l_img)[1].tobytes()
+    r = subprocess.run([sys.executable, "-m", "stereocli.cli", "match", "-", str(tmp_path / "r.png"), "-o", "-",
+                        "--format", fmt, *map(str, N)], input=data, capture_output=True)
+    assert r.returncode == 0, r.stderr.decode()
+    (tmp_path / f"d.{fmt}").write_bytes(r.stdout)
+    back = io.read_disparity(tmp_path / f"d.{fmt}")
+    want = expected(l_img, r_img)
+    tol = 1 / 256 + 1e-6 if fmt == "png" else 0
+    assert back.shape == want.shape
+    assert np.all(np.isclose(back, want, atol=tol, rtol=0) | (np.isnan(back) & np.isnan(want)))
+
+
+def test_depth_and_ply_from_calib(tmp_path):
+    calib = tmp_path / "calib.txt"
+    calib.write_text("cam0=[400.5 0 190; 0 400.5 140; 0 0 1]\ncam1=[400.5 0 200; 0 400.5 140; 0 0 1]\n"
+                     "baseline=160\nwidth=384\nheight=288\n")
+    r = stereo("match", SAMPLE / "left.png", SAMPLE / "right.png", "-o", tmp_path / "d.pfm", *N,
+               "--calib", calib, "--depth", tmp_path / "z.pfm", "--ply", tmp_path / "c.ply")
+    assert r.returncode == 0, r.stderr
+    disp = io.read_disparity(tmp_path / "d.pfm")
+    z = io.read_disparity(tmp_path / "z.pfm")
+    valid = np.isfinite(disp)
+    np.testing.assert_array_equal(np.isfinite(z), valid)
+    # doffs = 200 - 190 = 10 from cam1/cam0; depth in the baseline's unit
+    np.testing.assert_allclose(z[valid], 400.5 * 160 / (disp[valid] + 10), rtol=1e-5)
+    pts = geometry.read_ply((tmp_path / "c.ply").read_bytes())
+    assert len(pts) == valid.sum()
+    ys, xs = np.nonzero(valid)
+    np.testing.assert_allclose(pts["z"], z[valid], rtol=1e-6)
+    np.testing.assert_allclose(pts["x"], (xs - 190) * z[valid] / 400.5, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(pts["y"], (ys - 140) * z[valid] / 400.5, rtol=1e-4, atol=1e-3)
+    bgr = cv2.imread(str(SAMPLE / "left.png"))
+    np.testing.assert_array_equal(pts["red"], bgr[ys, xs, 2])
+    # explicit options win over the file
+    r = stereo("match", SAMPLE / "left.png", SAMPLE / "right.png", "-o", tmp_path / "d2.pfm", *N,
+               "--calib", calib, "--doffs", 0, "--focal", 100, "--depth", tmp_path / "z2.npy")
+    assert r.returncode == 0, r.stderr
+    z2 = io.read_disparity(tmp_path / "z2.npy")
+    d_pos = valid & (disp > 0)
+    np.testing.assert_allclose(z2[d_pos], 100 * 160 / disp[d_pos], rtol=1e-5)
