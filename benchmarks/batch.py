@@ -1,0 +1,84 @@
+"""Batch throughput: the shared scenes repeated to N pairs (default 200) in a temporary
+KITTI-like tree, run through `stereocli.batch` exactly as `stereo batch` runs them
+(reader/writer threads overlapped with the matching). Prints one JSON line with
+pairs/s, the summed read / compute / write ms and the share of time in I/O, after
+one warm-up pair (kernel compile/cache load excluded). A peer line times the plain
+serial loop a user would write with OpenCV StereoSGBM (read, compute, write PNG) on
+the same pairs in the same process (CPU only).
+
+    python benchmarks/batch.py [DATA_DIR] [--pairs 200] [--device cpu|cuda] [-n 64] [--threads 4]
+"""
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from common import DATA, SCENES, emit
+
+from stereocli import batch, config, io
+from stereocli.backends import get_backend
+
+
+def build_tree(data: Path, root: Path, n: int):
+    (root / "left").mkdir(parents=True)
+    (root / "right").mkdir()
+    for i in range(n):
+        scene = SCENES[i % len(SCENES)][0]
+        shutil.copyfile(data / scene / "left.png", root / "left" / f"{i:06d}_{scene}.png")
+        shutil.copyfile(data / scene / "right.png", root / "right" / f"{i:06d}_{scene}.png")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("data", nargs="?", default=str(DATA))
+    ap.add_argument("--pairs", type=int, default=200)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("-n", "--num-disparities", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--format", default="png")
+    ap.add_argument("--preset", default="default")
+    ap.add_argument("--no-peer", action="store_true")
+    a = ap.parse_args()
+    params = config.load(a.preset, None, {"num_disparities": a.num_disparities})
+    backend = get_backend(a.device)
+    ext = "." + a.format
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        build_tree(Path(a.data), root, a.pairs)
+        warm = batch.find_pairs(root / "left", root / "right", root / "warm", ext)[:1]
+        batch.run(warm, params, backend, ext, threads=a.threads)  # compile / load the kernel cache
+        pairs = batch.find_pairs(root / "left", root / "right", root / "out", ext)
+        t = time.perf_counter()
+        s = batch.run(pairs, params, backend, ext, threads=a.threads)
+        wall = time.perf_counter() - t
+        io_ms = s.read_ms + s.write_ms
+        emit(bench="stereo batch", device=backend.name, describe=backend.describe(), pairs=len(pairs),
+             done=s.done, failed=s.failed, num_disparities=a.num_disparities, preset=a.preset, threads=a.threads,
+             format=a.format, wall_s=round(wall, 3), pairs_per_s=round(s.done / wall, 2),
+             read_ms=round(s.read_ms, 1), compute_ms=round(s.compute_ms, 1), write_ms=round(s.write_ms, 1),
+             io_share=round(io_ms / (io_ms + s.compute_ms), 3),
+             compute_busy=round(s.compute_ms / (wall * 1e3), 3))
+        if a.no_peer:
+            return
+        sgbm = cv2.StereoSGBM_create(minDisparity=0, numDisparities=a.num_disparities, blockSize=5, P1=8 * 25,
+                                     P2=32 * 25, disp12MaxDiff=1, uniquenessRatio=10, speckleWindowSize=100,
+                                     speckleRange=2, mode=cv2.STEREO_SGBM_MODE_HH)
+        (root / "cv").mkdir()
+        t = time.perf_counter()
+        for p in pairs:
+            gl = cv2.imread(p.left, cv2.IMREAD_GRAYSCALE)
+            gr = cv2.imread(p.right, cv2.IMREAD_GRAYSCALE)
+            d = sgbm.compute(gl, gr).astype(np.float32) / 16.0
+            d[d < 0] = np.nan
+            io.write_disparity(root / "cv" / p.output.name, d)
+        wall_cv = time.perf_counter() - t
+        emit(bench="opencv sgbm serial loop", pairs=len(pairs), num_disparities=a.num_disparities,
+             wall_s=round(wall_cv, 3), pairs_per_s=round(len(pairs) / wall_cv, 2))
+
+
+if __name__ == "__main__":
+    main()
