@@ -58,6 +58,26 @@ class Summary:
     compute_ms: float = 0.0
     write_ms: float = 0.0
 
+    def record(self, ev: dict, counts: dict | None = None) -> dict:
+        """Count one finished pair (its event dict) and return the event, with metrics added."""
+        status = ev["status"]
+        if status == "ok":
+            self.done += 1
+            self.read_ms += ev.get("read_ms", 0.0)
+            self.compute_ms += ev.get("compute_ms", 0.0)
+            self.write_ms += ev.get("write_ms", 0.0)
+            if counts is not None:
+                self.metric_counts = metrics.add(self.metric_counts, counts)
+                self.evaluated += 1
+                ev["metrics"] = {k: round(v, 6) if isinstance(v, float) else v
+                                 for k, v in metrics.summarize(counts).items()}
+        elif status == "skipped":
+            self.skipped += 1
+        else:
+            self.failed += 1
+            self.failures.append((ev["left"], ev.get("error", "")))
+        return ev
+
     @property
     def total(self) -> int:
         return self.done + self.failed + self.skipped
@@ -271,6 +291,32 @@ def save_result(pair: Pair, disp, ext: str, max_disparity=None):
     return write_ms, counts
 
 
+def match_one(pair: Pair, params, backend, ext: str, skip_existing: bool = False, max_disparity=None):
+    """One pair start to finish, in the calling thread (what a cluster worker runs) ->
+    (event, metric counts or None). Never raises for a bad pair."""
+    if pair.error:
+        return {**_event(pair, "failed"), "error": pair.error}, None
+    if skip_existing and pair.output.exists():
+        return _event(pair, "skipped"), None
+    try:
+        left, right, read_ms = load_pair(pair)
+        result = pipeline.run(left, right, params, backend)
+        write_ms, counts = save_result(pair, result.disparity, ext, max_disparity)
+    except StereoError as e:
+        return {**_event(pair, "failed"), "error": str(e)}, None
+    except Exception as e:
+        return {**_event(pair, "failed"), "error": f"internal error: {type(e).__name__}: {e}"}, None
+    return {**_event(pair, "ok"), **_result_fields(result), "read_ms": round(read_ms, 3),
+            "write_ms": round(write_ms, 3)}, counts
+
+
+def _result_fields(result) -> dict:
+    return {"width": int(result.disparity.shape[1]), "height": int(result.disparity.shape[0]),
+            "device": result.device, "strips": result.strips,
+            "timings_ms": {k: round(v, 3) for k, v in result.timings.items()},
+            "compute_ms": round(result.total_ms, 3)}
+
+
 def run(pairs: list[Pair], params, backend, ext: str, *, threads: int = 4, skip_existing: bool = False,
         on_event=None, max_disparity=None, summary: Summary | None = None) -> Summary:
     """Match every pair; one bad pair is reported (event status "failed") and skipped.
@@ -282,8 +328,7 @@ def run(pairs: list[Pair], params, backend, ext: str, *, threads: int = 4, skip_
     todo = deque()
     for p in pairs:
         if p.error is None and skip_existing and p.output.exists():
-            summary.skipped += 1
-            on_event(_event(p, "skipped"))
+            on_event(summary.record(_event(p, "skipped")))
         else:
             todo.append(p)
     lookahead = max(2, 2 * threads)
@@ -300,12 +345,13 @@ def run(pairs: list[Pair], params, backend, ext: str, *, threads: int = 4, skip_
                 return
             reads.append((p, None if p.error else readers.submit(load_pair, p)))
 
+    def report(ev, counts=None):
+        on_event(summary.record(ev, counts))
+
     def fail(p, msg, ev=None):
-        summary.failed += 1
-        summary.failures.append((p.left, msg))
         ev = ev or _event(p, "failed")
         ev.update(status="failed", error=msg)
-        on_event(ev)
+        report(ev)
 
     def finish(block: bool):
         while writes and (block or writes[0][1].done() or len(writes) > lookahead):
@@ -318,15 +364,8 @@ def run(pairs: list[Pair], params, backend, ext: str, *, threads: int = 4, skip_
             except Exception as e:  # an unforeseen failure of one pair must not stop the batch
                 fail(p, f"internal error: {type(e).__name__}: {e}", ev)
                 continue
-            summary.done += 1
-            summary.write_ms += write_ms
             ev["write_ms"] = round(write_ms, 3)
-            if counts is not None:
-                summary.metric_counts = metrics.add(summary.metric_counts, counts)
-                summary.evaluated += 1
-                ev["metrics"] = {k: round(v, 6) if isinstance(v, float) else v
-                                 for k, v in metrics.summarize(counts).items()}
-            on_event(ev)
+            report(ev, counts)
 
     try:
         refill()
@@ -338,7 +377,6 @@ def run(pairs: list[Pair], params, backend, ext: str, *, threads: int = 4, skip_
                 continue
             try:
                 left, right, read_ms = fut.result()
-                summary.read_ms += read_ms
                 result = pipeline.run(left, right, params, backend)
             except StereoError as e:
                 fail(p, str(e))
@@ -346,12 +384,7 @@ def run(pairs: list[Pair], params, backend, ext: str, *, threads: int = 4, skip_
             except Exception as e:
                 fail(p, f"internal error: {type(e).__name__}: {e}")
                 continue
-            summary.compute_ms += result.total_ms
-            ev = _event(p, "ok")
-            ev.update(read_ms=round(read_ms, 3), width=int(result.disparity.shape[1]),
-                      height=int(result.disparity.shape[0]), device=result.device, strips=result.strips,
-                      timings_ms={k: round(v, 3) for k, v in result.timings.items()},
-                      compute_ms=round(result.total_ms, 3))
+            ev = {**_event(p, "ok"), "read_ms": round(read_ms, 3), **_result_fields(result)}
             writes.append((p, writers.submit(save_result, p, result.disparity, ext, max_disparity), ev))
             finish(block=False)
         finish(block=True)

@@ -328,8 +328,13 @@ def _print_metrics(name, m, as_json, err=False):
 @click.option("--jsonl", is_flag=True, help="One JSON line per pair on stdout, then one {\"summary\": ...} line.")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar on stderr [on when stderr is a terminal].")
+@click.option("--scheduler", metavar="ADDRESS|local",
+              help="Run on a Dask cluster: a scheduler address (tcp://host:8786) or 'local' to start one here "
+                   "(needs pip install 'stereocli[dask]').")
+@click.option("--workers", type=click.IntRange(1, 1024),
+              help="With --scheduler local: worker processes [one per GPU with CUDA, else 2].")
 def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, threads, skip_existing, gt_dir,
-          gt_glob, max_disparity, jsonl, progress, **kw):
+          gt_glob, max_disparity, jsonl, progress, scheduler, workers, **kw):
     """Match every pair of two folders (or of a list) and write one map per pair.
 
     Files pair by name: LEFT_DIR/x.png with RIGHT_DIR/x.png. With --left-glob and
@@ -347,6 +352,8 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, threads
       stereo batch frames/ --sbs -o disp/ --skip-existing
       find . -name 'l_*.png' | sed 's/\\(.*\\)l_\\(.*\\)/&\\t\\1r_\\2/' | stereo batch --pairs - -o out/
       stereo batch left/ right/ -o disp/ --jsonl | jq -c 'select(.status != "ok")'
+      stereo batch left/ right/ -o disp/ --scheduler local --device cuda   # one worker per GPU
+      stereo batch /shared/left /shared/right -o /shared/out --scheduler tcp://head:8786
     """
     from pathlib import Path
 
@@ -355,6 +362,9 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, threads
     from .backends import get_backend
 
     params = _params_from(kw)
+    if scheduler:
+        from . import cluster
+        cluster._require_dask()
     ext = "." + fmt
     if ext == ".png":
         io.check_png_range(params.min_disparity, params.num_disparities)
@@ -383,8 +393,15 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, threads
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise StereoError(f"cannot create the output folder {out}: {e.strerror}") from None
+    if workers and scheduler != "local":
+        raise click.UsageError("--workers goes with --scheduler local (a remote cluster has its own workers)")
     show_bar = progress if progress is not None else sys.stderr.isatty()
-    backend = get_backend(kw["device"], warn=(lambda m: click.echo(f"stereo: {m}", err=True)) if show_bar else None)
+    warn = (lambda m: click.echo(f"stereo: {m}", err=True)) if show_bar else None
+    if scheduler:
+        device_name = f"dask {scheduler}"
+    else:
+        backend = get_backend(kw["device"], warn=warn)
+        device_name = backend.name
     summary = B.Summary()
     bar = click.progressbar(length=len(pairs), label="matching", file=sys.stderr, hidden=not show_bar,
                             show_pos=True, show_eta=True, item_show_func=lambda s: s, width=24)
@@ -402,11 +419,16 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, threads
     code = 0
     with bar:
         try:
-            B.run(pairs, params, backend, ext, threads=threads, skip_existing=skip_existing, on_event=on_event,
-                  max_disparity=max_disparity, summary=summary)
+            if scheduler:
+                cluster.run(pairs, params, kw["device"], ext, scheduler, workers=workers,
+                            skip_existing=skip_existing, on_event=on_event, max_disparity=max_disparity,
+                            summary=summary, warn=warn)
+            else:
+                B.run(pairs, params, backend, ext, threads=threads, skip_existing=skip_existing,
+                      on_event=on_event, max_disparity=max_disparity, summary=summary)
         except KeyboardInterrupt:
             code = 130
-    _print_batch_summary(summary, len(pairs), bool(gt_dir), jsonl, backend.name)
+    _print_batch_summary(summary, len(pairs), bool(gt_dir), jsonl, device_name)
     if code:
         return code
     return 1 if summary.failed else 0

@@ -1,0 +1,103 @@
+"""`stereo batch --scheduler`: the batch on a real Dask cluster (worker processes on the CPU)."""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import cv2
+import pytest
+
+pytest.importorskip("distributed")
+
+from conftest import SAMPLE  # noqa: E402
+from test_batch import N, crops, kitti_tree  # noqa: E402,F401
+from test_cli import stereo  # noqa: E402
+
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def files(folder: Path) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_local_cluster_equals_in_process_batch_with_a_corrupt_pair(tmp_path, crops):  # noqa: F811
+    kitti_tree(tmp_path / "k", crops, corrupt=1)
+    args = ("batch", tmp_path / "k/image_2", tmp_path / "k/image_3", "--left-glob", "*_10.png", "--jsonl", *N)
+    here = stereo(*args, "-o", tmp_path / "here")
+    there = stereo(*args, "-o", tmp_path / "there", "--scheduler", "local", "--workers", 2)
+    assert here.returncode == there.returncode == 1, there.stderr
+    assert "Traceback" not in there.stderr
+    assert files(tmp_path / "here") == files(tmp_path / "there")  # bit for bit
+    assert sorted(files(tmp_path / "there")) == ["000000_10.png", "000002_10.png"]
+    s_here = json.loads(here.stdout.splitlines()[-1])["summary"]
+    s_there = json.loads(there.stdout.splitlines()[-1])["summary"]
+    assert [s_there[k] for k in ("done", "failed", "skipped")] == [s_here[k] for k in ("done", "failed", "skipped")]
+    failed = [json.loads(x) for x in there.stdout.splitlines()[:-1] if '"failed"' in x]
+    assert len(failed) == 1 and failed[0]["attempts"] == 2 and "cannot decode" in failed[0]["error"]
+    assert "2 done, 1 failed, 0 skipped" in there.stderr
+    # resume on the cluster: everything present is skipped
+    again = stereo(*args, "-o", tmp_path / "there", "--scheduler", "local", "--workers", 2, "--skip-existing")
+    assert "0 done, 1 failed, 2 skipped" in again.stderr
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_remote_scheduler_survives_a_killed_worker(tmp_path):
+    """A scheduler and two workers started as a user would; one worker is killed (SIGKILL)
+    in the middle of the batch: its pairs are redone elsewhere and every output is whole."""
+    left, right = cv2.imread(str(SAMPLE / "left.png")), cv2.imread(str(SAMPLE / "right.png"))
+    for d in ("L", "R"):
+        (tmp_path / d).mkdir()
+    for i in range(60):
+        cv2.imwrite(str(tmp_path / f"L/{i:03d}.png"), left)
+        cv2.imwrite(str(tmp_path / f"R/{i:03d}.png"), right)
+    addr = f"tcp://127.0.0.1:{_free_port()}"
+    procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port",
+                               addr.rsplit(":", 1)[1], "--no-dashboard"], stderr=subprocess.DEVNULL)]
+    try:
+        time.sleep(1.0)
+        workers = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", addr, "--nthreads", "1",
+                                     "--no-nanny", "--no-dashboard"], stderr=subprocess.DEVNULL,
+                                    env={**ENV, "NUMBA_NUM_THREADS": "1"}) for _ in range(2)]
+        procs += workers
+        out = tmp_path / "out"
+        batch = subprocess.Popen([sys.executable, "-m", "stereocli.cli", "batch", str(tmp_path / "L"),
+                                  str(tmp_path / "R"), "-o", str(out), "-n", "16", "--device", "cpu",
+                                  "--scheduler", addr], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env=ENV)
+        deadline = time.time() + 120
+        while time.time() < deadline and not (out.is_dir() and len(list(out.glob("*.png"))) >= 5):
+            time.sleep(0.05)
+        assert workers[0].poll() is None and len(list(out.glob("*.png"))) < 60  # killed mid-run
+        workers[0].send_signal(signal.SIGKILL)
+        _, err = batch.communicate(timeout=300)
+        assert batch.returncode == 0, err
+        assert "60 done, 0 failed" in err
+        written = sorted(out.iterdir())
+        assert len(written) == 60 and all(p.suffix == ".png" for p in written)  # no stray .part files
+        first = written[0].read_bytes()
+        assert all(p.read_bytes() == first for p in written)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_scheduler_without_dask_says_what_to_install(tmp_path):
+    code = ("import sys; sys.modules['distributed'] = None; from stereocli.cli import main; "
+            f"sys.exit(main(['batch', {str(SAMPLE)!r}, {str(SAMPLE)!r}, '-o', {str(tmp_path / 'o')!r}, "
+            "'--scheduler', 'local']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV)
+    assert r.returncode == 2
+    assert not (tmp_path / "o").exists()
+    assert r.stderr.strip().splitlines() == [
+        "stereo: error: --scheduler needs Dask: pip install 'stereocli[dask]' (or pip install 'dask[distributed]')"]
