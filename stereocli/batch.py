@@ -19,6 +19,7 @@ Running (`run`)
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -291,16 +292,19 @@ def save_result(pair: Pair, disp, ext: str, max_disparity=None):
     return write_ms, counts
 
 
-def match_one(pair: Pair, params, backend, ext: str, skip_existing: bool = False, max_disparity=None):
+def match_one(pair: Pair, params, backend, ext: str, skip_existing: bool = False, max_disparity=None,
+              compute_lock=None):
     """One pair start to finish, in the calling thread (what a cluster worker runs) ->
-    (event, metric counts or None). Never raises for a bad pair."""
+    (event, metric counts or None). Never raises for a bad pair. With `compute_lock`,
+    only the matching holds it, so other threads decode and encode meanwhile."""
     if pair.error:
         return {**_event(pair, "failed"), "error": pair.error}, None
     if skip_existing and pair.output.exists():
         return _event(pair, "skipped"), None
     try:
         left, right, read_ms = load_pair(pair)
-        result = pipeline.run(left, right, params, backend)
+        with compute_lock or contextlib.nullcontext():
+            result = pipeline.run(left, right, params, backend)
         write_ms, counts = save_result(pair, result.disparity, ext, max_disparity)
     except StereoError as e:
         return {**_event(pair, "failed"), "error": str(e)}, None

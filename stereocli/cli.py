@@ -318,7 +318,8 @@ def _print_metrics(name, m, as_json, err=False):
               help="Output format.")
 @_stage_options
 @click.option("--threads", type=click.IntRange(1, 64), default=4, show_default=True,
-              help="Reader and writer threads (decoding/encoding overlap the matching).")
+              help="Reader and writer threads (decoding/encoding overlap the matching); with --scheduler "
+                   "local, threads per worker.")
 @click.option("--skip-existing", is_flag=True, help="Skip pairs whose output exists (resume a run).")
 @click.option("--gt-dir", type=click.Path(file_okay=False),
               help="Ground-truth folder: evaluate each map as it is written, print the total at the end.")
@@ -420,7 +421,7 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, threads
     with bar:
         try:
             if scheduler:
-                cluster.run(pairs, params, kw["device"], ext, scheduler, workers=workers,
+                cluster.run(pairs, params, kw["device"], ext, scheduler, workers=workers, threads=threads,
                             skip_existing=skip_existing, on_event=on_event, max_disparity=max_disparity,
                             summary=summary, warn=warn)
             else:

@@ -16,12 +16,13 @@ any number of pairs, and Ctrl-C only waits for those to finish.
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 from . import batch
 from .errors import StereoError
 
-PER_WORKER_IN_FLIGHT = 3
+_COMPUTE_LOCK = threading.Lock()  # per worker process: one match at a time on its device
 
 
 def _require_dask():
@@ -35,21 +36,23 @@ def _require_dask():
 # ------------------------------------------------------------------ on the worker
 
 def _worker_task(pair, params, device, ext, skip_existing, max_disparity):
-    """Runs on a worker: one pair start to finish. The backend is per process."""
+    """Runs on a worker: one pair start to finish. The backend is per process; a worker
+    with several threads decodes/encodes pairs while one of them matches."""
     from .backends import get_backend
     try:
         from distributed import get_worker
         where = get_worker().address
     except Exception:  # pragma: no cover - not inside a worker
         where = None
-    ev, counts = batch.match_one(pair, params, get_backend(device), ext, skip_existing, max_disparity)
+    ev, counts = batch.match_one(pair, params, get_backend(device), ext, skip_existing, max_disparity,
+                                 compute_lock=_COMPUTE_LOCK)
     ev["worker"] = where
     return ev, counts
 
 
 # ------------------------------------------------------------------ on the client
 
-def start_local_cluster(workers: int | None, device: str):
+def start_local_cluster(workers: int | None, device: str, threads: int = 4):
     """A LocalCluster-like SpecCluster: one worker per GPU with CUDA, else N CPU workers."""
     _require_dask()
     import dask
@@ -74,14 +77,14 @@ def start_local_cluster(workers: int | None, device: str):
         threads = max(1, (os.cpu_count() or 2) // n)
         envs = [{"NUMBA_NUM_THREADS": str(threads), "OMP_NUM_THREADS": "1"} for _ in range(n)]
     specs = {f"{'gpu' if use_gpu else 'cpu'}-{i}": {"cls": Nanny, "options": {
-        "nthreads": 1, "env": envs[i], "silence_logs": 40, "memory_limit": 0}} for i in range(n)}
+        "nthreads": threads, "env": envs[i], "silence_logs": 40, "memory_limit": 0}} for i in range(n)}
     with dask.config.set({"distributed.worker.daemon": False}):
         cluster = SpecCluster(scheduler={"cls": Scheduler, "options": {"dashboard_address": None}},
                               workers=specs, silence_logs=40, asynchronous=False)
     return cluster
 
 
-def run(pairs, params, device: str, ext: str, scheduler: str, *, workers: int | None = None,
+def run(pairs, params, device: str, ext: str, scheduler: str, *, workers: int | None = None, threads: int = 4,
         skip_existing: bool = False, on_event=None, max_disparity=None, summary=None, warn=None):
     """Run the batch on a Dask scheduler ("local" or an address); same events and summary as
     batch.run. KeyboardInterrupt stops sending pairs, lets the ones in flight finish, re-raises."""
@@ -94,7 +97,7 @@ def run(pairs, params, device: str, ext: str, scheduler: str, *, workers: int | 
     cluster = None
     try:
         if scheduler == "local":
-            cluster = start_local_cluster(workers, device)
+            cluster = start_local_cluster(workers, device, threads)
             client = Client(cluster)
         else:
             try:
@@ -121,8 +124,9 @@ def _run_with_client(client, pairs, params, device, ext, skip_existing, max_disp
     from distributed import as_completed
     from distributed.client import FutureCancelledError
 
-    nworkers = max(1, len(client.scheduler_info(n_workers=-1)["workers"]))
-    window = PER_WORKER_IN_FLIGHT * nworkers
+    info = client.scheduler_info(n_workers=-1)["workers"]
+    nworkers = max(1, len(info))
+    window = sum(w.get("nthreads", 1) + 1 for w in info.values()) or 2  # every thread busy, one queued each
     if warn:
         warn(f"sending {len(pairs)} pairs to {nworkers} Dask worker(s) at {client.scheduler.address}")
     params_f = client.scatter(params, broadcast=True)  # sent once, not once per pair
