@@ -44,7 +44,9 @@ def _worker_task(pair, params, device, ext, skip_existing, max_disparity):
         where = get_worker().address
     except Exception:  # pragma: no cover - not inside a worker
         where = None
-    ev, counts = batch.match_one(pair, params, get_backend(device), ext, skip_existing, max_disparity,
+    with _COMPUTE_LOCK:  # the first call initialises CUDA, which must not race between threads
+        backend = get_backend(device)
+    ev, counts = batch.match_one(pair, params, backend, ext, skip_existing, max_disparity,
                                  compute_lock=_COMPUTE_LOCK)
     ev["worker"] = where
     return ev, counts
@@ -77,7 +79,7 @@ def start_local_cluster(workers: int | None, device: str, threads: int = 4):
         threads = max(1, (os.cpu_count() or 2) // n)
         envs = [{"NUMBA_NUM_THREADS": str(threads), "OMP_NUM_THREADS": "1"} for _ in range(n)]
     specs = {f"{'gpu' if use_gpu else 'cpu'}-{i}": {"cls": Nanny, "options": {
-        "nthreads": threads, "env": envs[i], "silence_logs": 40, "memory_limit": 0}} for i in range(n)}
+        "nthreads": threads, "env": envs[i], "silence_logs": 50, "memory_limit": 0}} for i in range(n)}
     with dask.config.set({"distributed.worker.daemon": False}):
         cluster = SpecCluster(scheduler={"cls": Scheduler, "options": {"dashboard_address": None}},
                               workers=specs, silence_logs=40, asynchronous=False)
