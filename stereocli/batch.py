@@ -26,7 +26,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from . import io, metrics, pipeline
 from .errors import StereoError
@@ -38,7 +38,7 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".pgm", ".pp
 class Pair:
     left: str
     right: str | None  # None: `left` is one side-by-side frame
-    output: Path
+    output: str  # a local path or an fsspec URL
     key: str = ""
     gt: Path | None = None
     error: str | None = None  # known bad before any work (no partner, bad line)
@@ -185,7 +185,7 @@ def find_pairs(left_dir, right_dir, out_dir, ext: str, left_glob=None, right_glo
         what = f"matches {left_glob!r}" if left_glob else "is an image"
         raise StereoError(f"no file in {left_dir} {what}; check the folder or --left-glob")
     if sbs:
-        return [Pair(str(f), None, Path(out_dir) / (name + ext), key) for key, (f, name) in lefts.items()]
+        return [Pair(str(f), None, io.join(out_dir, name + ext), key) for key, (f, name) in lefts.items()]
     right_dir = _folder(right_dir, "RIGHT_DIR")
     rights = Pattern(right_glob if right_glob is not None else left_glob, what="--right-glob").files(right_dir)
     if not rights:
@@ -193,7 +193,7 @@ def find_pairs(left_dir, right_dir, out_dir, ext: str, left_glob=None, right_glo
                           f"check the folder or --right-glob")
     pairs = []
     for key, (f, name) in lefts.items():
-        out = Path(out_dir) / (name + ext)
+        out = io.join(out_dir, name + ext)
         if key in rights:
             pairs.append(Pair(str(f), str(rights[key][0]), out, key))
         else:
@@ -213,19 +213,20 @@ def read_pairs_file(text: str, out_dir, ext: str, sbs: bool = False, source: str
         fields = line.rstrip("\r\n").split("\t")
         if len(fields) < need or len(fields) > need + 1 or not all(fields):
             want = "frame[<TAB>output]" if sbs else "left<TAB>right[<TAB>output]"
-            pairs.append(Pair(fields[0], None, Path(out_dir) / f"line{n}{ext}", f"line{n}",
+            pairs.append(Pair(fields[0], None, io.join(out_dir, f"line{n}{ext}"), f"line{n}",
                               error=f"{source} line {n}: expected {want}, got {len(fields)} field(s)"))
             continue
         left = fields[0]
         right = None if sbs else fields[1]
         if len(fields) > need:
-            out = Path(fields[need])
-            if out.suffix.lower() not in io.DISPARITY_FORMATS:
-                out = out.with_name(out.name + ext)
-            out = out if out.is_absolute() else Path(out_dir) / out
+            out = fields[need]
+            if os.path.splitext(out)[1].lower() not in io.DISPARITY_FORMATS:
+                out += ext
+            if not (io.is_url(out) or os.path.isabs(out)):
+                out = io.join(out_dir, out)
         else:
-            out = Path(out_dir) / (Path(left).stem + ext)
-        pairs.append(Pair(left, right, out, out.stem))
+            out = io.join(out_dir, PurePosixPath(left).stem + ext)
+        pairs.append(Pair(left, right, out, PurePosixPath(out).stem))
     if not pairs:
         raise StereoError(f"{source} holds no pairs; give lines 'left<TAB>right[<TAB>output]'")
     return pairs
@@ -237,24 +238,27 @@ def attach_ground_truth(pairs: list[Pair], gt_dir, gt_glob=None) -> None:
     by_name = {Path(name).name: f for f, name in gts.values()}
     for p in pairs:
         hit = gts.get(p.key)
-        p.gt = hit[0] if hit else by_name.get(p.output.stem)
+        p.gt = hit[0] if hit else by_name.get(PurePosixPath(p.output).stem)
 
 
 def check_outputs(pairs: list[Pair]) -> None:
     """Before any work: no two pairs share an output, no output overwrites an input."""
     seen = {}
-    inputs = {os.path.realpath(x) for p in pairs for x in (p.left, p.right) if x and x != "-"}
+    def real(x):
+        return x if io.is_url(x) else os.path.realpath(x)
+
+    inputs = {real(x) for p in pairs for x in (p.left, p.right) if x and x != "-"}
     for p in pairs:
         if p.error:
             continue
-        real = os.path.realpath(p.output)
-        if real in seen:
-            raise StereoError(f"{p.left} and {seen[real]} would both write {p.output}; "
+        real_out = real(p.output)
+        if real_out in seen:
+            raise StereoError(f"{p.left} and {seen[real_out]} would both write {p.output}; "
                               f"give outputs in --pairs or a pattern with {{name}}")
-        if real in inputs:
+        if real_out in inputs:
             raise StereoError(f"the output {p.output} would overwrite an input image; choose another -o folder "
                               f"or --format")
-        seen[real] = p.left
+        seen[real_out] = p.left
 
 
 def _folder(path, what) -> Path:
@@ -280,11 +284,7 @@ def load_pair(pair: Pair):
 def save_result(pair: Pair, disp, ext: str, max_disparity=None):
     """Encode and write one map (in a writer thread), evaluate it if it has ground truth."""
     t = time.perf_counter()
-    pair.output.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        io.atomic_write(pair.output, io.encode_disparity(disp, ext))
-    except OSError as e:
-        raise StereoError(f"cannot write {pair.output}: {e.strerror}") from None
+    io.write_file(pair.output, io.encode_disparity(disp, ext))
     write_ms = (time.perf_counter() - t) * 1e3
     counts = None
     if pair.gt is not None:
@@ -299,7 +299,7 @@ def match_one(pair: Pair, params, backend, ext: str, skip_existing: bool = False
     only the matching holds it, so other threads decode and encode meanwhile."""
     if pair.error:
         return {**_event(pair, "failed"), "error": pair.error}, None
-    if skip_existing and pair.output.exists():
+    if skip_existing and io.exists(pair.output):
         return _event(pair, "skipped"), None
     try:
         left, right, read_ms = load_pair(pair)
@@ -331,7 +331,7 @@ def run(pairs: list[Pair], params, backend, ext: str, *, threads: int = 4, skip_
     start = time.perf_counter()
     todo = deque()
     for p in pairs:
-        if p.error is None and skip_existing and p.output.exists():
+        if p.error is None and skip_existing and io.exists(p.output):
             on_event(summary.record(_event(p, "skipped")))
         else:
             todo.append(p)

@@ -306,13 +306,14 @@ def _print_metrics(name, m, as_json, err=False):
 
 @cli.command()
 @click.argument("folders", nargs=-1, type=click.Path(file_okay=False), metavar="[LEFT_DIR [RIGHT_DIR]]")
-@click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="Output folder (created if missing); each map is OUT_DIR/<left stem>.<format>.")
+@click.option("-o", "--output", "out_dir", required=True,
+              help="Output folder (created if missing) or fsspec URL; each map is OUT_DIR/<left stem>.<format>.")
 @click.option("--left-glob", help="Pattern of left images inside LEFT_DIR, e.g. '*_10.png', '*/im0.png', "
                                   "'left_{name}.png' [every image].")
 @click.option("--right-glob", help="Pattern of right images inside RIGHT_DIR [same as --left-glob].")
 @click.option("--pairs", "pairs_file", type=click.Path(dir_okay=False, allow_dash=True),
-              help="File of lines 'left<TAB>right[<TAB>output]' instead of folders; '-' = stdin.")
+              help="File of lines 'left<TAB>right[<TAB>output]' instead of folders; '-' = stdin. "
+                   "Paths may be fsspec URLs (s3://..., file://...).")
 @click.option("--sbs", is_flag=True, help="Inputs are side-by-side frames (left half | right half); one folder.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="png", show_default=True,
               help="Output format.")
@@ -375,7 +376,7 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, threads
             raise click.UsageError("--pairs replaces LEFT_DIR and RIGHT_DIR; give only one of them")
         raise click.UsageError("give one folder of side-by-side frames with --sbs" if sbs
                                else "give LEFT_DIR and RIGHT_DIR (or --pairs FILE)")
-    out = Path(out_dir)
+    out = out_dir
     if pairs_file:
         if pairs_file == "-":
             text, source = sys.stdin.read(), "--pairs (stdin)"
@@ -390,10 +391,11 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, threads
     if gt_dir:
         B.attach_ground_truth(pairs, gt_dir, gt_glob)
     B.check_outputs(pairs)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise StereoError(f"cannot create the output folder {out}: {e.strerror}") from None
+    if not io.is_url(out):
+        try:
+            Path(out).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StereoError(f"cannot create the output folder {out}: {e.strerror}") from None
     if workers and scheduler != "local":
         raise click.UsageError("--workers goes with --scheduler local (a remote cluster has its own workers)")
     show_bar = progress if progress is not None else sys.stderr.isatty()

@@ -186,9 +186,11 @@ def _run_with_client(client, pairs, params, device, ext, skip_existing, max_disp
 def _remove_stray_parts(pairs) -> None:
     """A worker killed while writing leaves its temporary `.NAME.*.part` file (the pair
     itself is redone elsewhere); remove those that this client can see."""
+    from pathlib import Path
     by_dir = {}
     for p in pairs:
-        by_dir.setdefault(p.output.parent, set()).add(p.output.name)
+        if "://" not in p.output:
+            by_dir.setdefault(Path(p.output).parent, set()).add(Path(p.output).name)
     for folder, names in by_dir.items():
         try:
             for f in folder.glob(".*.part"):

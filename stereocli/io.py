@@ -51,24 +51,91 @@ def decode_image(data: bytes, name: str) -> np.ndarray:
     return img
 
 
+def is_url(path) -> bool:
+    """An fsspec URL (s3://, gs://, http://, file://, ...) rather than a local path."""
+    return "://" in str(path)
+
+
+def _fs(url: str):
+    try:
+        import fsspec
+    except ImportError:
+        raise StereoError(f"{url}: reading and writing URLs needs fsspec: pip install fsspec "
+                          f"(and the package of the protocol, e.g. s3fs)") from None
+    try:
+        return fsspec.core.url_to_fs(url)
+    except (ImportError, ValueError) as e:
+        raise StereoError(f"{url}: {e}") from None
+
+
+def read_bytes(path) -> bytes:
+    """The bytes of a local file or an fsspec URL, with a one-line error when it cannot be read."""
+    if is_url(path):
+        fs, p = _fs(str(path))
+        try:
+            return fs.cat_file(p)
+        except FileNotFoundError:
+            raise StereoError(f"{path}: no such file") from None
+        except Exception as e:
+            raise StereoError(f"cannot read {path}: {e}") from None
+    p = Path(path)
+    if not p.exists():
+        raise StereoError(f"{p}: no such file")
+    if p.is_dir():
+        raise StereoError(f"{p} is a folder; give a file")
+    try:
+        return p.read_bytes()
+    except OSError as e:
+        raise StereoError(f"cannot read {p}: {e.strerror}") from None
+
+
+def exists(target) -> bool:
+    if is_url(target):
+        fs, p = _fs(str(target))
+        return fs.exists(p)
+    return Path(target).exists()
+
+
+def join(folder, name: str) -> str:
+    """folder/name for a local folder or a URL."""
+    if is_url(folder):
+        return str(folder).rstrip("/") + "/" + name
+    return str(Path(folder) / name)
+
+
+def write_file(target, data: bytes) -> None:
+    """Write a whole file: locally through a temporary file and a rename (creating the
+    folder), to a URL with one put (object stores show a file whole or not at all)."""
+    if is_url(target):
+        fs, p = _fs(str(target))
+        try:
+            parent = p.rsplit("/", 1)[0]
+            if parent and parent != p:
+                fs.makedirs(parent, exist_ok=True)
+            fs.pipe_file(p, data)
+        except Exception as e:
+            raise StereoError(f"cannot write {target}: {e}") from None
+        return
+    path = Path(target)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, data)
+    except OSError as e:
+        raise StereoError(f"cannot write {path}: {e.strerror}") from None
+
+
 def read_image(path: str | os.PathLike) -> np.ndarray:
-    """Read an image file as it is stored (grey or colour, 8/16 bit); "-" reads standard input."""
+    """Read an image file (or fsspec URL) as it is stored (grey or colour, 8/16 bit);
+    "-" reads standard input."""
     if str(path) == "-":
         import sys
         data = sys.stdin.buffer.read()
         if not data:
             raise StereoError("standard input is empty; pipe an encoded image into it (e.g. PNG)")
         return decode_image(data, "standard input")
-    p = Path(path)
-    if not p.exists():
-        raise StereoError(f"{p}: no such file")
-    if p.is_dir():
-        raise StereoError(f"{p} is a folder; give an image file")
-    try:
-        data = p.read_bytes()
-    except OSError as e:
-        raise StereoError(f"cannot read {p}: {e.strerror}") from None
-    return decode_image(data, str(p))
+    if not is_url(path) and Path(path).is_dir():
+        raise StereoError(f"{path} is a folder; give an image file")
+    return decode_image(read_bytes(path), str(path))
 
 
 def split_side_by_side(img: np.ndarray, name: str = "the image") -> tuple[np.ndarray, np.ndarray]:
@@ -189,11 +256,9 @@ def write_disparity(path: str | os.PathLike, disp: np.ndarray, ext: str | None =
 
 def read_disparity(path: str | os.PathLike) -> np.ndarray:
     """Read any format write_disparity writes (and Middlebury/KITTI ground truth) -> float32, NaN invalid."""
-    p = Path(path)
-    if not p.is_file():
-        raise StereoError(f"{p}: no such file")
-    ext = p.suffix.lower()
-    data = p.read_bytes()
+    p = path if is_url(path) else Path(path)
+    ext = os.path.splitext(str(path))[1].lower()
+    data = read_bytes(path)
     if ext == ".pfm":
         d = read_pfm(data)
         return np.where(np.isfinite(d), d, np.nan).astype(np.float32)

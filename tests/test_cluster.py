@@ -101,3 +101,22 @@ def test_scheduler_without_dask_says_what_to_install(tmp_path):
     assert not (tmp_path / "o").exists()
     assert r.stderr.strip().splitlines() == [
         "stereo: error: --scheduler needs Dask: pip install 'stereocli[dask]' (or pip install 'dask[distributed]')"]
+
+
+def test_fsspec_urls_in_a_pairs_list_on_the_cluster(tmp_path, crops):  # noqa: F811
+    """Inputs and outputs given as fsspec URLs (file:// here; s3:// etc. the same way with
+    their fsspec package): the workers read and write them themselves."""
+    lines = []
+    for i, (l_img, r_img) in enumerate(crops[:2]):
+        cv2.imwrite(str(tmp_path / f"l{i}.png"), l_img)
+        cv2.imwrite(str(tmp_path / f"r{i}.png"), r_img)
+        lines.append(f"file://{tmp_path}/l{i}.png\tfile://{tmp_path}/r{i}.png")
+    lines.append(f"file://{tmp_path}/missing.png\tfile://{tmp_path}/r0.png")
+    (tmp_path / "pairs.tsv").write_text("\n".join(lines) + "\n")
+    for where, extra in (("here", ()), ("there", ("--scheduler", "local", "--workers", 2))):
+        r = stereo("batch", "--pairs", tmp_path / "pairs.tsv", "-o", f"file://{tmp_path}/{where}/maps",
+                   "--format", "pfm", *N, *extra)
+        assert r.returncode == 1, r.stderr
+        assert "missing.png: no such file" in r.stderr and "2 done, 1 failed" in r.stderr
+    assert files(tmp_path / "here/maps") == files(tmp_path / "there/maps")
+    assert sorted(files(tmp_path / "there/maps")) == ["l0.pfm", "l1.pfm"]
