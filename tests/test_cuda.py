@@ -56,6 +56,16 @@ def test_sgm_bit_exact(rng, paths):
     np.testing.assert_array_equal(on_gpu("sgm", C, G, 20, 200, True, paths), on_cpu("sgm", C, G, 20, 200, True, paths))
 
 
+@pytest.mark.skipif(not REAL_GPU, reason="the simulator runs one lane per path line")
+@pytest.mark.parametrize("ndisp,paths", [(13, 8), (64, 8), (96, 4), (130, 8), (256, 16), (300, 8)])
+def test_sgm_bit_exact_for_every_lane_grouping(rng, ndisp, paths):
+    """Groups of 1..32 lanes per path line (several lines per warp), vector and scalar
+    access (D % 4), up to the CUDA limit of 512 disparities."""
+    C = rng.integers(0, 256, (23, 37, ndisp)).astype(np.uint8)
+    G = rng.integers(0, 256, (23, 37)).astype(np.uint8)
+    np.testing.assert_array_equal(on_gpu("sgm", C, G, 20, 200, True, paths), on_cpu("sgm", C, G, 20, 200, True, paths))
+
+
 @pytest.mark.skipif(REAL_GPU, reason="the simulator's multi-lane exchange; a GPU uses warp shuffles")
 def test_sgm_lane_exchange_under_simulator():
     """The SGM kernel with 4 lanes per line (each holding 2 disparities) exchanges

@@ -165,9 +165,12 @@ class CudaBackend:
         pairs = aggregate.direction_pairs(paths)
         dirs, starts = self._lines(h, w, paths)
         sp = self._empty((2 * len(pairs), h, w, n), np.uint16)
-        blocks = (starts.shape[0] + K.SGM_WARPS - 1) // K.SGM_WARPS
-        K.sgm_kernel_for(n)[blocks, K.SGM_LANES * K.SGM_WARPS, self.stream](
-            vol, guide, p1, p2, adaptive, sp, dirs, starts)
+        kernel, G, vec = K.sgm_kernel_for(n)
+        per_block = K.sgm_lines_per_block(G)
+        blocks = (starts.shape[0] + per_block - 1) // per_block
+        threads = G if K.SIM else 32 * K.SGM_WARPS
+        kernel[blocks, threads, self.stream](vol, vol.view(np.uint32) if vec else vol, guide, p1, p2, adaptive,
+                                             sp, sp.view(np.uint64) if vec else sp, dirs, starts)
         s = self._empty((h, w, n), np.uint16)
         self._launch1(K.sgm_sum_kernel, h * w * n, sp, s)
         return s

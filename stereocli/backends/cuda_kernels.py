@@ -7,7 +7,7 @@ Imported only by the CUDA backend (it needs numba-cuda).
 import math
 import os
 
-from numba import config, cuda, int32, float32
+from numba import config, cuda, float32, int32, uint32, uint64
 
 from ..stages import aggregate as _agg
 from ..stages import cost as _cost
@@ -43,20 +43,20 @@ fill_row_at = _dev(_ref.fill_row_at)
 SIM = bool(config.ENABLE_CUDASIM)
 TPB = 256
 BIG = 65535
-# SGM: one group of SGM_LANES threads per path line (a warp on a GPU); lane l keeps
-# disparities l*k .. l*k + k - 1 (k <= MAXK, the largest lane-array size) in registers and swaps edge values and
-# the minimum with its neighbours through warp shuffles. The simulator has no
-# shuffles and its barriers are slow: there a group is one thread by default
-# (STEREOCLI_SIM_LANES=4 tests the exchange through a shared-memory twin).
+# SGM: one group of G lanes per path line, 32 / G lines per warp (as libSGM does); lane
+# l keeps disparities 16l .. 16l + 15 in registers and swaps edge values and the minimum
+# with its neighbours through warp shuffles. The simulator has no shuffles and its
+# barriers are slow: there a group is one thread by default (STEREOCLI_SIM_LANES=4
+# tests the exchange through a shared-memory twin), one group per block.
 if SIM:
     SGM_LANES = int(os.environ.get("STEREOCLI_SIM_LANES", "1"))
-    MAXK = 16
     SGM_WARPS = 1  # groups per block: the twin's syncthreads must be a group barrier
 else:
     SGM_LANES = 32
-    MAXK = 8
     SGM_WARPS = 4
-MAX_SGM_DISPARITIES = SGM_LANES * MAXK
+# disparities per lane; under the simulator's multi-lane test, 2, so that few disparities span lanes
+SGM_K = 2 if SIM and SGM_LANES > 1 else 16
+MAX_SGM_DISPARITIES = SGM_LANES * SGM_K
 
 
 # ------------------------------------------------------------- warp exchange
@@ -294,130 +294,196 @@ def box_u8_y_kernel(T, r, out):
             acc += T[min(y + r + 1, h - 1), x, d] - T[max(y - r, 0), x, d]
 
 
-def _make_sgm_kernel(maxk):
-    """The SGM line kernel with lane arrays of `maxk` values (a compile-time size, so
-    the unrolled loops keep them in registers); one is built per size."""
+def _group_exchange(G):
+    """Min over a group of G lanes and the edge values of the neighbouring lanes, for
+    groups of G aligned lanes inside a warp (several path lines per warp)."""
+    if SIM:
+        return warp_min, from_lane_below, from_lane_above
 
     @cuda.jit(device=True, inline=True)
-    def load_costs(C, y, x, d0, n, c):
-        for j in range(maxk):
-            d = d0 + j
-            c[j] = int32(C[y, x, d]) if d < n else int32(0)
+    def group_min(v, scratch, w, gl):
+        off = G // 2
+        while off > 0:
+            v = min(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, off))
+            off //= 2
+        return v
 
     @cuda.jit(device=True, inline=True)
-    def start_line(S, y, x, d0, n, k, cur, c, scratch, w, lane):
-        """L = C (costs in c) at the first pixel of a path; S = L; returns the group's min."""
+    def below(v, scratch, w, gl):
+        r = cuda.shfl_up_sync(0xFFFFFFFF, v, 1)
+        return r if gl > 0 else int32(BIG)
+
+    @cuda.jit(device=True, inline=True)
+    def above(v, scratch, w, gl):
+        r = cuda.shfl_down_sync(0xFFFFFFFF, v, 1)
+        return r if gl < G - 1 else int32(BIG)
+
+    return group_min, below, above
+
+
+def _make_sgm_kernel(G, vec):
+    """The SGM line kernel for groups of G lanes, each lane holding SGM_K disparities in
+    registers (a group covers G * SGM_K disparities). `vec`: the cost volume is read as uint32 words (4 costs) and the path
+    volume written as uint64 words (4 values), which needs D % 4 == 0."""
+    K = SGM_K
+    GROUPS = 1 if SIM else 32 // G  # path lines per warp
+    group_min, from_below, from_above = _group_exchange(G)
+
+    @cuda.jit(device=True, inline=True)
+    def load(C, C4, y, x, d0, n, c):
+        if vec:
+            for i in range(K // 4):
+                wi = (d0 >> 2) + i
+                word = C4[y, x, wi] if wi < (n >> 2) else uint32(0)
+                for b in range(4):
+                    c[4 * i + b] = int32((word >> uint32(8 * b)) & uint32(0xFF))
+        else:
+            for j in range(K):
+                d = d0 + j
+                c[j] = int32(C[y, x, d]) if d < n else int32(0)
+
+    @cuda.jit(device=True, inline=True)
+    def store(S, S4, y, x, d0, n, v):
+        if vec:
+            for i in range(K // 4):
+                wi = (d0 >> 2) + i
+                if wi < (n >> 2):
+                    S4[y, x, wi] = (uint64(v[4 * i] & 0xFFFF) | (uint64(v[4 * i + 1] & 0xFFFF) << uint64(16))
+                                    | (uint64(v[4 * i + 2] & 0xFFFF) << uint64(32))
+                                    | (uint64(v[4 * i + 3] & 0xFFFF) << uint64(48)))
+        else:
+            for j in range(K):
+                d = d0 + j
+                if d < n:
+                    S[y, x, d] = v[j]
+
+    @cuda.jit(device=True, inline=True)
+    def walk(C, C4, guide, p1, p2, adaptive, S, S4, y, x, dx, dy, length, maxlen, d0, n, prev, cur, c, cn,
+             scratch, w, gl):
+        """Aggregate a path of `length` pixels from (y, x) along (dx, dy) into S. All the
+        groups of a warp step together for `maxlen` steps (the shuffles need every lane);
+        a group past the end of its own line only computes and stores nothing."""
+        if length > 0:
+            load(C, C4, y, x, d0, n, c)
         m = int32(BIG)
-        for j in range(maxk):
-            d = d0 + j
-            if j < k and d < n:
-                v = c[j]
+        for j in range(K):
+            v = c[j] if d0 + j < n else int32(BIG)
+            cur[j] = v
+            m = min(m, v)
+        if length > 0:
+            store(S, S4, y, x, d0, n, cur)
+        m = group_min(m, scratch, w, gl)
+        if length > 1:
+            load(C, C4, y + dy, x + dx, d0, n, cn)
+        for s in range(1, maxlen):
+            py, px = y, x
+            y += dy
+            x += dx
+            active = s < length
+            for j in range(K):
+                prev[j] = cur[j]
+                c[j] = cn[j]
+            if s + 1 < length:
+                load(C, C4, y + dy, x + dx, d0, n, cn)  # the next pixel's costs, ahead of use
+            p2e = p2
+            if active:
+                p2e = penalty2(p1, p2, adaptive, guide[y, x], guide[py, px])
+            lo0 = from_below(prev[K - 1], scratch, w, gl)
+            hiK = from_above(prev[0], scratch, w, gl)
+            mloc = int32(BIG)
+            for j in range(K):
+                lo = prev[j - 1] if j > 0 else lo0
+                hi = prev[j + 1] if j + 1 < K else hiK
+                v = sgm_value(c[j], prev[j], lo, hi, m, p1, p2e)
+                v = v if d0 + j < n else int32(BIG)
                 cur[j] = v
-                m = min(m, v)
-                S[y, x, d] = v
-            else:
-                cur[j] = int32(BIG)
-        return warp_min(m, scratch, w, lane)
+                mloc = min(mloc, v)
+            if active:
+                store(S, S4, y, x, d0, n, cur)
+            m = group_min(mloc, scratch, w, gl)
 
     @cuda.jit(device=True, inline=True)
-    def step_line(S, y, x, d0, n, k, prev, cur, c, mp, p1, p2e, scratch, w, lane):
-        """One SGM step of a lane group: cur = update(prev) with costs c; S = cur; returns min(cur)."""
-        last = prev[0]
-        for j in range(maxk):  # prev[k - 1] without a dynamic index
-            if j == k - 1:
-                last = prev[j]
-        below = from_lane_below(last, scratch, w, lane)
-        above = from_lane_above(prev[0], scratch, w, lane)
-        m = int32(BIG)
-        for j in range(maxk):
-            d = d0 + j
-            if j < k and d < n:
-                lo = prev[j - 1] if j > 0 else below
-                hi = prev[j + 1] if j + 1 < k else above
-                v = sgm_value(c[j], prev[j], lo, hi, mp, p1, p2e)
-                cur[j] = v
-                m = min(m, v)
-                S[y, x, d] = v
-            else:
-                cur[j] = int32(BIG)
-        return warp_min(m, scratch, w, lane)
+    def line_length(y, x, dx, dy, h, wd):
+        steps = 1 << 30
+        if dx > 0:
+            steps = min(steps, (wd - 1 - x) // dx)
+        elif dx < 0:
+            steps = min(steps, x // (-dx))
+        if dy > 0:
+            steps = min(steps, (h - 1 - y) // dy)
+        elif dy < 0:
+            steps = min(steps, y // (-dy))
+        return steps + 1
 
     @cuda.jit(device=True, inline=True)
-    def walk(C, guide, p1, p2, adaptive, S, y, x, dx, dy, d0, n, k, a, b, c, c2, scratch, w, lane):
-        """Aggregate one path from (y, x) along (dx, dy) to the image edge, writing L to S.
-        The L arrays (a, b) and cost arrays (c, c2) alternate in a loop unrolled by two
-        so that each stays in registers; the next pixel's costs are loaded before this
-        pixel's update. Returns the last pixel (y, x)."""
-        h, wd = guide.shape
-        load_costs(C, y, x, d0, n, c)
-        m = start_line(S, y, x, d0, n, k, a, c, scratch, w, lane)
-        ny = y + dy
-        nx = x + dx
-        if ny < 0 or ny >= h or nx < 0 or nx >= wd:
-            return y, x
-        load_costs(C, ny, nx, d0, n, c)
-        while True:
-            py, px = y, x
-            y, x = ny, nx
-            ny = y + dy
-            nx = x + dx
-            more = not (ny < 0 or ny >= h or nx < 0 or nx >= wd)
-            if more:
-                load_costs(C, ny, nx, d0, n, c2)
-            p2e = penalty2(p1, p2, adaptive, guide[y, x], guide[py, px])
-            m = step_line(S, y, x, d0, n, k, a, b, c, m, p1, p2e, scratch, w, lane)
-            if not more:
-                return y, x
-            # the same with the roles of (a, b) and (c, c2) swapped
-            py, px = y, x
-            y, x = ny, nx
-            ny = y + dy
-            nx = x + dx
-            more = not (ny < 0 or ny >= h or nx < 0 or nx >= wd)
-            if more:
-                load_costs(C, ny, nx, d0, n, c)
-            p2e = penalty2(p1, p2, adaptive, guide[y, x], guide[py, px])
-            m = step_line(S, y, x, d0, n, k, b, a, c2, m, p1, p2e, scratch, w, lane)
-            if not more:
-                return y, x
+    def warp_max(v):
+        if SIM:
+            return v
+        for off in (16, 8, 4, 2, 1):
+            v = max(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, off))
+        return v
 
     @cuda.jit(cache=True)
-    def sgm_lines_kernel(C, guide, p1, p2, adaptive, Sd, dirs, starts):
-        """All path lines of all direction pairs in one launch: one lane group per line
-        (starts[i] = (y, x, pair q)). Pair q = dirs[q] = (dx, dy) walks the line along r
-        into Sd[2q], then back along -r into Sd[2q + 1]: only stores, and no two groups
-        write the same element. sgm_sum_kernel adds the direction volumes."""
-        scratch = cuda.shared.array((SGM_WARPS, SGM_LANES), int32)
-        a = cuda.local.array(maxk, int32)
-        b = cuda.local.array(maxk, int32)
-        c = cuda.local.array(maxk, int32)
-        c2 = cuda.local.array(maxk, int32)
-        w = cuda.threadIdx.x // SGM_LANES
-        lane = cuda.threadIdx.x % SGM_LANES
-        line = cuda.blockIdx.x * SGM_WARPS + w
-        if line >= starts.shape[0]:
-            return
+    def sgm_lines_kernel(C, C4, guide, p1, p2, adaptive, Sd, Sd4, dirs, starts):
+        """All path lines of all direction pairs in one launch, GROUPS lines per warp
+        (starts[i] = (y, x, pair q), longest first). Pair q = dirs[q] = (dx, dy) walks the
+        line along r into Sd[2q], then back along -r into Sd[2q + 1]: only stores, and no
+        two groups write the same element. sgm_sum_kernel adds the direction volumes."""
+        scratch = cuda.shared.array((SGM_WARPS, SGM_LANES), int32)  # the simulator's exchange
+        prev = cuda.local.array(K, int32)
+        cur = cuda.local.array(K, int32)
+        c = cuda.local.array(K, int32)
+        cn = cuda.local.array(K, int32)
+        tid = cuda.threadIdx.x
+        if SIM:
+            w, gl, grp = 0, tid, 0
+        else:
+            w = tid // 32
+            gl = (tid % 32) % G
+            grp = (tid % 32) // G
+        first = (cuda.blockIdx.x * SGM_WARPS + w) * GROUPS
+        nlines = starts.shape[0]
+        if first >= nlines:
+            return  # the whole warp is idle
+        line = first + grp
+        valid = line < nlines
+        li = line if valid else first
+        h, wd = guide.shape
         n = C.shape[2]
-        k = (n + SGM_LANES - 1) // SGM_LANES
-        d0 = lane * k
-        q = starts[line, 2]
+        y0 = starts[li, 0]
+        x0 = starts[li, 1]
+        q = starts[li, 2]
         dx = dirs[q, 0]
         dy = dirs[q, 1]
-        y, x = walk(C, guide, p1, p2, adaptive, Sd[2 * q], starts[line, 0], starts[line, 1], dx, dy, d0, n, k,
-                    a, b, c, c2, scratch, w, lane)
-        walk(C, guide, p1, p2, adaptive, Sd[2 * q + 1], y, x, -dx, -dy, d0, n, k, a, b, c, c2, scratch, w, lane)
+        length = line_length(y0, x0, dx, dy, h, wd) if valid else 0
+        maxlen = warp_max(length)
+        d0 = gl * K
+        walk(C, C4, guide, p1, p2, adaptive, Sd[2 * q], Sd4[2 * q], y0, x0, dx, dy, length, maxlen, d0, n,
+             prev, cur, c, cn, scratch, w, gl)
+        ye = y0 + (length - 1) * dy
+        xe = x0 + (length - 1) * dx
+        walk(C, C4, guide, p1, p2, adaptive, Sd[2 * q + 1], Sd4[2 * q + 1], ye, xe, -dx, -dy, length, maxlen,
+             d0, n, prev, cur, c, cn, scratch, w, gl)
 
     return sgm_lines_kernel
 
 
-# lane-array sizes: the smallest that holds ceil(D / SGM_LANES) is used
-SGM_SIZES = (16,) if SIM else (1, 2, 4, 8)
-SGM_KERNELS = {m: _make_sgm_kernel(m) for m in SGM_SIZES}
+# groups of G lanes per line: the smallest power of two with G * SGM_K >= D
+SGM_GROUPS = (SGM_LANES,) if SIM else (1, 2, 4, 8, 16, 32)
+_SGM_KERNELS = {}
 
 
 def sgm_kernel_for(ndisp):
-    k = (ndisp + SGM_LANES - 1) // SGM_LANES
-    return SGM_KERNELS[min(m for m in SGM_SIZES if m >= k)]
+    """(kernel, G, vec) for a disparity count: vector access when D % 4 == 0."""
+    G = SGM_LANES if SIM else next(g for g in SGM_GROUPS if g * SGM_K >= ndisp)
+    vec = (not SIM) and ndisp % 4 == 0
+    if (G, vec) not in _SGM_KERNELS:
+        _SGM_KERNELS[(G, vec)] = _make_sgm_kernel(G, vec)
+    return _SGM_KERNELS[(G, vec)], G, vec
+
+
+def sgm_lines_per_block(G):
+    return 1 if SIM else SGM_WARPS * (32 // G)
 
 
 @cuda.jit(cache=True)
