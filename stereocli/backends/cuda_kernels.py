@@ -54,7 +54,7 @@ if SIM:
 else:
     SGM_LANES = 32
     SGM_WARPS = 4
-# disparities per lane; under the simulator's multi-lane test, 2, so that few disparities span lanes
+# disparities per lane (at most); under the simulator's multi-lane test, 2, so that few disparities span lanes
 SGM_K = 2 if SIM and SGM_LANES > 1 else 16
 MAX_SGM_DISPARITIES = SGM_LANES * SGM_K
 
@@ -321,11 +321,11 @@ def _group_exchange(G):
     return group_min, below, above
 
 
-def _make_sgm_kernel(G, vec):
-    """The SGM line kernel for groups of G lanes, each lane holding SGM_K disparities in
-    registers (a group covers G * SGM_K disparities). `vec`: the cost volume is read as uint32 words (4 costs) and the path
-    volume written as uint64 words (4 values), which needs D % 4 == 0."""
-    K = SGM_K
+def _make_sgm_kernel(G, K, vec):
+    """The SGM line kernel for groups of G lanes, each lane holding K disparities in
+    registers (a group covers G * K disparities). `vec`: the cost volume is read as
+    uint32 words (4 costs) and the path volume written as uint64 words (4 values),
+    which needs D % 4 == 0 and K % 4 == 0."""
     GROUPS = 1 if SIM else 32 // G  # path lines per warp
     group_min, from_below, from_above = _group_exchange(G)
 
@@ -468,18 +468,35 @@ def _make_sgm_kernel(G, vec):
     return sgm_lines_kernel
 
 
-# groups of G lanes per line: the smallest power of two with G * SGM_K >= D
-SGM_GROUPS = (SGM_LANES,) if SIM else (1, 2, 4, 8, 16, 32)
 _SGM_KERNELS = {}
+# Fewer lanes per line (more disparities per lane) give each thread more independent
+# work, more lanes give more threads: take the largest K that still gives the GPU at
+# least SGM_MIN_WARPS warps of work (measured on an H100: benchmarks/gpu.py).
+SGM_MIN_WARPS = int(os.environ.get("STEREOCLI_SGM_MIN_WARPS", "4096"))
 
 
-def sgm_kernel_for(ndisp):
-    """(kernel, G, vec) for a disparity count: vector access when D % 4 == 0."""
-    G = SGM_LANES if SIM else next(g for g in SGM_GROUPS if g * SGM_K >= ndisp)
-    vec = (not SIM) and ndisp % 4 == 0
-    if (G, vec) not in _SGM_KERNELS:
-        _SGM_KERNELS[(G, vec)] = _make_sgm_kernel(G, vec)
-    return _SGM_KERNELS[(G, vec)], G, vec
+def sgm_kernel_for(ndisp, nlines):
+    """(kernel, G, vec) for D disparities and a number of path lines."""
+    if SIM:
+        G, K = SGM_LANES, SGM_K
+    else:
+        forced = int(os.environ.get("STEREOCLI_SGM_K", "0"))
+        options = []
+        for K in ((forced,) if forced else (16, 8, 4)):
+            G = 1
+            while G * K < ndisp:
+                G *= 2
+            if G <= 32:
+                options.append((K, G))
+        K, G = options[-1]
+        for k, g in options:  # largest K first
+            if nlines * g / 32 >= SGM_MIN_WARPS:
+                K, G = k, g
+                break
+    vec = (not SIM) and ndisp % 4 == 0 and K % 4 == 0
+    if (G, K, vec) not in _SGM_KERNELS:
+        _SGM_KERNELS[(G, K, vec)] = _make_sgm_kernel(G, K, vec)
+    return _SGM_KERNELS[(G, K, vec)], G, vec
 
 
 def sgm_lines_per_block(G):
