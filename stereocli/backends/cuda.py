@@ -165,7 +165,7 @@ class CudaBackend:
         pairs = aggregate.direction_pairs(paths)
         dirs, starts = self._lines(h, w, paths)
         sp = self._empty((2 * len(pairs), h, w, n), np.uint16)
-        kernel, G, vec = K.sgm_kernel_for(n, starts.shape[0])
+        kernel, G, vec = K.sgm_kernel_for(n)
         per_block = K.sgm_lines_per_block(G)
         blocks = (starts.shape[0] + per_block - 1) // per_block
         threads = G if K.SIM else 32 * K.SGM_WARPS

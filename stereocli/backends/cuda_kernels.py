@@ -469,30 +469,23 @@ def _make_sgm_kernel(G, K, vec):
 
 
 _SGM_KERNELS = {}
-# Fewer lanes per line (more disparities per lane) give each thread more independent
-# work, more lanes give more threads: take the largest K that still gives the GPU at
-# least SGM_MIN_WARPS warps of work (measured on an H100: benchmarks/gpu.py).
-SGM_MIN_WARPS = int(os.environ.get("STEREOCLI_SGM_MIN_WARPS", "4096"))
+# Disparities per lane K: the smallest of 4, 8, 16 with 16 * K >= D, so that a group
+# has at most 16 lanes (two or more lines per warp) and each lane enough independent
+# work. Measured on an H100 (benchmarks/gpu.py with STEREOCLI_SGM_K=4/8/16 forcing K):
+# K = 16 wins only at 256 disparities; K = 4 and 8 are within 5 % of each other below.
 
 
-def sgm_kernel_for(ndisp, nlines):
-    """(kernel, G, vec) for D disparities and a number of path lines."""
+def sgm_kernel_for(ndisp, nlines=0):
+    """(kernel, G, vec) for D disparities: G lanes per path line, K disparities per lane."""
     if SIM:
         G, K = SGM_LANES, SGM_K
     else:
-        forced = int(os.environ.get("STEREOCLI_SGM_K", "0"))
-        options = []
-        for K in ((forced,) if forced else (16, 8, 4)):
-            G = 1
-            while G * K < ndisp:
-                G *= 2
-            if G <= 32:
-                options.append((K, G))
-        K, G = options[-1]
-        for k, g in options:  # largest K first
-            if nlines * g / 32 >= SGM_MIN_WARPS:
-                K, G = k, g
-                break
+        K = int(os.environ.get("STEREOCLI_SGM_K", "0")) or next((k for k in (4, 8) if 16 * k >= ndisp), 16)
+        G = 1
+        while G * K < ndisp:
+            G *= 2
+        if G > 32:
+            raise ValueError(f"{ndisp} disparities need more than 32 lanes of {K}")
     vec = (not SIM) and ndisp % 4 == 0 and K % 4 == 0
     if (G, K, vec) not in _SGM_KERNELS:
         _SGM_KERNELS[(G, K, vec)] = _make_sgm_kernel(G, K, vec)
