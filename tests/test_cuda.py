@@ -42,11 +42,12 @@ def imgs(rng):
     return (rng.integers(0, 256, (10, 16)).astype(np.float32), rng.integers(0, 256, (10, 16)).astype(np.float32))
 
 
-@pytest.mark.parametrize("wx,wy,min_d", [(9, 7, 0), (5, 3, -2)])
-def test_census_volume_bit_exact(imgs, wx, wy, min_d):
+@pytest.mark.parametrize("wx,wy,min_d,ndisp", [(9, 7, 0, 6), (5, 3, -2, 6), (9, 7, 0, 8), (7, 5, -3, 12)])
+def test_census_volume_bit_exact(imgs, wx, wy, min_d, ndisp):
+    """(D % 4 == 0 takes the GPU's packed four-disparity kernel.)"""
     L, R = imgs
-    np.testing.assert_array_equal(on_gpu("census_volume", L, R, min_d, 6, wx, wy),
-                                  on_cpu("census_volume", L, R, min_d, 6, wx, wy))
+    np.testing.assert_array_equal(on_gpu("census_volume", L, R, min_d, ndisp, wx, wy),
+                                  on_cpu("census_volume", L, R, min_d, ndisp, wx, wy))
 
 
 @pytest.mark.parametrize("paths", [4, 8, 16])

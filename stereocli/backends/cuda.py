@@ -108,7 +108,10 @@ class CudaBackend:
         self._launch2(K.census_kernel, h, w, right, wx, wy, cr)
         vol = self._empty((h, w, ndisp), np.uint8)
         scale = self._census_scale(wx * wy - 1)
-        self._launch1(K.census_volume_kernel, h * w * ndisp, cl, cr, min_d, scale, vol)
+        if ndisp % 4 == 0 and not K.SIM:
+            self._launch1(K.census_volume4_kernel, h * w * ndisp // 4, cl, cr, min_d, scale, vol.view(np.uint32))
+        else:
+            self._launch1(K.census_volume_kernel, h * w * ndisp, cl, cr, min_d, scale, vol)
         return vol
 
     def _census_scale(self, nbits):
@@ -172,7 +175,10 @@ class CudaBackend:
         kernel[blocks, threads, self.stream](vol, vol.view(np.uint32) if vec else vol, guide, p1, p2, adaptive,
                                              sp, sp.view(np.uint64) if vec else sp, dirs, starts)
         s = self._empty((h, w, n), np.uint16)
-        self._launch1(K.sgm_sum_kernel, h * w * n, sp, s)
+        if vec:
+            self._launch1(K.sgm_sum4_kernel, h * w * n // 4, sp.view(np.uint64), s.view(np.uint64))
+        else:
+            self._launch1(K.sgm_sum_kernel, h * w * n, sp, s)
         return s
 
     def _lines(self, h, w, paths):

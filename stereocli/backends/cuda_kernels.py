@@ -165,6 +165,26 @@ def census_kernel(img, wx, wy, out):
 
 
 @cuda.jit(cache=True)
+def census_volume4_kernel(cl, cr, min_d, scale, vol4):
+    """The census volume four disparities per thread, written as one uint32 (D % 4 == 0);
+    the Hamming distance with the popc instruction (the CPU's census_cost_value counts
+    the bits in software: the same number)."""
+    i = cuda.grid(1)
+    h, w, n4 = vol4.shape
+    if i < h * w * n4:
+        y, x, wi = _volume_index(i, w, n4)
+        a = cl[y, x]
+        word = uint32(0)
+        for b in range(4):
+            xr = x - min_d - (4 * wi + b)
+            v = uint32(255)
+            if xr >= 0 and xr < w:
+                v = uint32(scale[cuda.popc(a ^ cr[y, xr])])
+            word |= v << uint32(8 * b)
+        vol4[y, x, wi] = word
+
+
+@cuda.jit(cache=True)
 def census_volume_kernel(cl, cr, min_d, scale, vol):
     i = cuda.grid(1)
     h, w, n = vol.shape
@@ -525,6 +545,21 @@ def sgm_kernel_for(ndisp, nlines=0):
 
 def sgm_lines_per_block(G):
     return 1 if SIM else SGM_WARPS * (32 // G)
+
+
+@cuda.jit(cache=True)
+def sgm_sum4_kernel(Sp4, S4):
+    """The direction volumes added four disparities at a time as packed uint64 words:
+    exact, because a sum never exceeds 65535 (config bounds paths * (255 + P2)), so no
+    carry crosses from one 16-bit value into the next."""
+    i = cuda.grid(1)
+    npairs, h, w, n4 = Sp4.shape
+    if i < h * w * n4:
+        y, x, wi = _volume_index(i, w, n4)
+        acc = uint64(0)
+        for q in range(npairs):
+            acc += Sp4[q, y, x, wi]
+        S4[y, x, wi] = acc
 
 
 @cuda.jit(cache=True)
