@@ -213,7 +213,8 @@ class CudaBackend:
     def wta(self, s, min_d, uniqueness, subpixel):
         h, w, _ = s.shape
         out = self._empty((h, w), np.float32)
-        self._launch2(K.wta_kernel, h, w, s, min_d, np.float32(uniqueness), subpixel, out)
+        blocks = (h * w + K.SGM_WARPS - 1) // K.SGM_WARPS
+        K.wta_kernel[blocks, K.SGM_LANES * K.SGM_WARPS, self.stream](s, min_d, np.float32(uniqueness), subpixel, out)
         return out
 
     def wta_right(self, s, min_d):

@@ -7,7 +7,7 @@ Imported only by the CUDA backend (it needs numba-cuda).
 import math
 import os
 
-from numba import config, cuda, float32, int32, uint32, uint64
+from numba import config, cuda, float32, int32, int64, uint32, uint64
 
 from ..stages import aggregate as _agg
 from ..stages import cost as _cost
@@ -34,7 +34,8 @@ zncc_cost_value = _dev(_cost.zncc_cost_value)
 zssd_value = _dev(_cost.zssd_value)
 penalty2 = _dev(_agg.penalty2)
 sgm_value = _dev(_agg.sgm_value)
-wta_at = _dev(_sel.wta_at)
+wta_range = _dev(_sel.wta_range)
+wta_finish = _dev(_sel.wta_finish)
 wta_right_at = _dev(_sel.wta_right_at)
 lr_check_at = _dev(_ref.lr_check_at)
 median_at = _dev(_ref.median_at)
@@ -577,9 +578,38 @@ def sgm_sum_kernel(Sp, S):
 # ------------------------------------------------------------- selection
 @cuda.jit(cache=True)
 def wta_kernel(S, min_d, uniqueness, subpixel, out):
-    x, y = cuda.grid(2)
-    if y < S.shape[0] and x < S.shape[1]:
-        out[y, x] = wta_at(S, y, x, min_d, uniqueness, subpixel)
+    """One warp per pixel (one lane group in the simulator): the lanes stride over d,
+    then reduce (cost << 32 | d) with shuffles, which gives the smallest cost and its
+    first index at once; the same for the uniqueness test's runner-up. Lane 0 ends
+    with the CPU's wta_finish."""
+    scratch = cuda.shared.array((SGM_WARPS, SGM_LANES), int64)
+    w = cuda.threadIdx.x // SGM_LANES
+    lane = cuda.threadIdx.x % SGM_LANES
+    pix = cuda.blockIdx.x * SGM_WARPS + w
+    h, wd, n = S.shape
+    if pix >= h * wd:
+        return  # a whole warp: every lane has the same pixel
+    y = pix // wd
+    x = pix % wd
+    lo, hi = wta_range(wd, n, x, min_d)
+    if hi < lo:
+        if lane == 0:
+            out[y, x] = float32(math.nan)
+        return
+    key = int64(0x7FFFFFFFFFFFFFFF)
+    for d in range(lo + lane, hi + 1, SGM_LANES):
+        key = min(key, (int64(S[y, x, d]) << int64(32)) | int64(d))
+    key = warp_min(key, scratch, w, lane)
+    best = int32(key & int64(0xFFFFFFFF))
+    bc = int32(key >> int64(32))
+    other = int64(0x7FFFFFFF)
+    if uniqueness > float32(0.0):
+        for d in range(lo + lane, hi + 1, SGM_LANES):
+            if d < best - 1 or d > best + 1:
+                other = min(other, int64(S[y, x, d]))
+        other = warp_min(other, scratch, w, lane)
+    if lane == 0:
+        out[y, x] = wta_finish(S, y, x, best, bc, int32(other), lo, hi, min_d, uniqueness, subpixel)
 
 
 @cuda.jit(cache=True)

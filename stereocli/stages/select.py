@@ -12,29 +12,17 @@ from . import shared
 
 
 @shared
-def wta_at(S, y, x, min_d, uniqueness, subpixel):
-    """Disparity of the left pixel (x, y), NaN when no disparity is possible or
-    the best cost does not win by `uniqueness` percent over every cost more than
-    one disparity away."""
-    w = S.shape[1]
-    n = S.shape[2]
-    lo = max(0, x - (w - 1) - min_d)
-    hi = min(n - 1, x - min_d)
-    if hi < lo:
-        return np.float32(math.nan)
-    bc = np.int32(S[y, x, lo])
-    for d in range(lo + 1, hi + 1):  # minimum first (vectorises), then its first index
-        bc = min(bc, np.int32(S[y, x, d]))
-    best = lo
-    while np.int32(S[y, x, best]) != bc:
-        best += 1
+def wta_range(w, n, x, min_d):
+    """The disparity indices lo..hi whose right pixel x - min_d - d lies in the image."""
+    return max(0, x - (w - 1) - min_d), min(n - 1, x - min_d)
+
+
+@shared
+def wta_finish(S, y, x, best, bc, other, lo, hi, min_d, uniqueness, subpixel):
+    """The disparity from the reductions over d: `best` the first index of the smallest
+    cost `bc`, `other` the smallest cost more than one disparity away from it. NaN when
+    the best cost does not win by `uniqueness` percent; parabola subpixel fit."""
     if uniqueness > 0.0:
-        # smallest cost more than one disparity away from the best
-        other = np.int32(0x7FFFFFFF)
-        for d in range(lo, best - 1):
-            other = min(other, np.int32(S[y, x, d]))
-        for d in range(best + 2, hi + 1):
-            other = min(other, np.int32(S[y, x, d]))
         if np.float32(other) * (np.float32(100.0) - uniqueness) < np.float32(bc) * np.float32(100.0):
             return np.float32(math.nan)
     disp = np.float32(best + min_d)
@@ -45,6 +33,29 @@ def wta_at(S, y, x, min_d, uniqueness, subpixel):
         if den > 0:
             disp += np.float32(c0 - c2) / np.float32(2 * den)
     return disp
+
+
+@njit(cache=True, inline="always")
+def wta_at(S, y, x, min_d, uniqueness, subpixel):
+    """Disparity of the left pixel (x, y), NaN when no disparity is possible or
+    the best cost does not win by `uniqueness` percent over every cost more than
+    one disparity away. (The GPU reduces over d with a warp, then shares wta_finish.)"""
+    lo, hi = wta_range(S.shape[1], S.shape[2], x, min_d)
+    if hi < lo:
+        return np.float32(math.nan)
+    bc = np.int32(S[y, x, lo])
+    for d in range(lo + 1, hi + 1):  # minimum first (vectorises), then its first index
+        bc = min(bc, np.int32(S[y, x, d]))
+    best = lo
+    while np.int32(S[y, x, best]) != bc:
+        best += 1
+    other = np.int32(0x7FFFFFFF)
+    if uniqueness > 0.0:
+        for d in range(lo, best - 1):
+            other = min(other, np.int32(S[y, x, d]))
+        for d in range(best + 2, hi + 1):
+            other = min(other, np.int32(S[y, x, d]))
+    return wta_finish(S, y, x, best, bc, other, lo, hi, min_d, uniqueness, subpixel)
 
 
 @shared
