@@ -3,6 +3,8 @@
 Data stays on the GPU from upload to download. Allocation failures become a
 StereoError that names the size asked for.
 """
+import sys
+
 import numpy as np
 from numba import config as numba_config
 from numba import cuda
@@ -25,6 +27,11 @@ def gpu_summary():
             ("simulator", "yes (NUMBA_ENABLE_CUDASIM=1)" if K.SIM else "no")]
 
 
+def _memory_of(arr):
+    """The object that owns an array's device memory, shared by all its views."""
+    return arr.gpu_data if hasattr(arr, "gpu_data") else arr._ary  # real GPU / simulator
+
+
 def _grid2(h, w, bx=32, by=8):
     return ((w + bx - 1) // bx, (h + by - 1) // by), (bx, by)
 
@@ -39,12 +46,17 @@ class CudaBackend:
     def __init__(self):
         self.stream = cuda.stream()
         self._tables = {}  # per-size constant tables on the device (path lines, census scale)
+        self._pool = {}  # (shape, dtype) -> device buffers, see _empty
 
     def describe(self) -> str:
         return dict(gpu_summary()).get("gpu", "CUDA GPU")
 
     # ------------------------------------------------------------ memory
-    def _empty(self, shape, dtype):
+    # Device buffers are pooled by (shape, dtype): a buffer is handed out again once no
+    # Python object holds it any more (its reference count says so). Freeing and
+    # allocating hundreds of MiB of volumes per frame costs milliseconds (cudaFree is
+    # synchronous); reuse is safe because every kernel runs on the one stream, in order.
+    def _alloc(self, shape, dtype):
         try:
             return cuda.device_array(shape, dtype=dtype, stream=self.stream)
         except Exception as e:  # CudaAPIError / out of memory from the driver
@@ -52,9 +64,54 @@ class CudaBackend:
             raise StereoError(f"the GPU could not allocate {size / 2**20:.0f} MiB ({e.__class__.__name__}); "
                               f"use --max-memory to run in smaller strips, or --device cpu") from None
 
+    def _empty(self, shape, dtype):
+        key = (tuple(int(v) for v in shape), np.dtype(dtype).str)
+        for entry in self._pool.get(key, ()):
+            if self._idle(entry):
+                return entry[0]
+        self._drop_idle(keep=key)  # a new shape: give back the idle buffers of other shapes
+        arr = self._alloc(shape, dtype)
+        self._pool.setdefault(key, []).append((arr, sys.getrefcount(_memory_of(arr))))
+        return arr
+
+    @staticmethod
+    def _idle(entry):
+        """Nobody holds the array (refs: the entry, `arr` here, getrefcount's argument)
+        and no view of it (a reshape or dtype view holds its memory object) is alive."""
+        arr, base = entry
+        return sys.getrefcount(arr) <= 3 and sys.getrefcount(_memory_of(arr)) <= base
+
+    def _drop_idle(self, keep=None):
+        for key in list(self._pool):
+            if key != keep:
+                held = [e for e in self._pool[key] if not self._idle(e)]
+                if held:
+                    self._pool[key] = held
+                else:
+                    del self._pool[key]
+
+    def _idle_bytes(self):
+        return sum(e[0].nbytes for lst in self._pool.values() for e in lst if self._idle(e))
+
     def upload(self, a):
         a = np.ascontiguousarray(a)
         out = self._empty(a.shape, a.dtype)
+        out.copy_to_device(a, stream=self.stream)
+        return out
+
+    def _zeros(self, shape, dtype):
+        out = self._empty(shape, dtype)
+        if K.SIM:
+            out.copy_to_device(np.zeros(shape, dtype), stream=self.stream)
+        else:
+            from numba.cuda.cudadrv import driver
+            driver.device_memset(out, 0, out.nbytes, stream=self.stream)
+        return out
+
+    def _upload_const(self, a):
+        """A table kept for the life of the backend (outside the pool)."""
+        a = np.ascontiguousarray(a)
+        out = self._alloc(a.shape, a.dtype)
         out.copy_to_device(a, stream=self.stream)
         return out
 
@@ -67,8 +124,9 @@ class CudaBackend:
         self.stream.synchronize()
 
     def free_memory(self):
+        """Free device memory, counting the pool's idle buffers as free."""
         free, _ = cuda.current_context().get_memory_info()
-        return free
+        return free + self._idle_bytes()
 
     def _launch2(self, kernel, h, w, *args):
         g, b = _grid2(h, w)
@@ -117,7 +175,7 @@ class CudaBackend:
     def _census_scale(self, nbits):
         key = ("census", nbits)
         if key not in self._tables:
-            self._tables[key] = self.upload(cost.census_scale(nbits))
+            self._tables[key] = self._upload_const(cost.census_scale(nbits))
         return self._tables[key]
 
     def diff_volume(self, left, right, min_d, ndisp, kind):
@@ -148,7 +206,7 @@ class CudaBackend:
 
     def joint_histogram(self, ql, qr, disp):
         h, w = ql.shape
-        hist = self.upload(np.zeros((256, 256), np.int32))
+        hist = self._zeros((256, 256), np.int32)
         self._launch2(K.joint_histogram_kernel, h, w, ql, qr, disp, hist)
         return self.download(hist).astype(np.float64)
 
@@ -190,7 +248,7 @@ class CudaBackend:
                                      for q, (dx, dy) in enumerate(pairs)
                                      for st in [aggregate.line_starts(h, w, dx, dy)]]).astype(np.int32)
             starts = starts[np.argsort(-self._line_lengths(starts, pairs, h, w), kind="stable")]  # long first
-            self._tables[key] = (self.upload(np.array(pairs, np.int32)), self.upload(starts))
+            self._tables[key] = (self._upload_const(np.array(pairs, np.int32)), self._upload_const(starts))
         return self._tables[key]
 
     @staticmethod
@@ -233,7 +291,7 @@ class CudaBackend:
     def speckle(self, disp, max_size, max_diff):
         h, w = disp.shape
         labels = self._empty((h * w,), np.int32)
-        sizes = self.upload(np.zeros(h * w, np.int32))
+        sizes = self._zeros((h * w,), np.int32)
         out = self._empty((h, w), np.float32)
         self._launch2(K.ccl_init_kernel, h, w, disp, labels)
         self._launch2(K.ccl_merge_kernel, h, w, disp, np.float32(max_diff), labels)
