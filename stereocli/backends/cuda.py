@@ -3,8 +3,6 @@
 Data stays on the GPU from upload to download. Allocation failures become a
 StereoError that names the size asked for.
 """
-import sys
-
 import numpy as np
 from numba import config as numba_config
 from numba import cuda
@@ -27,11 +25,6 @@ def gpu_summary():
             ("simulator", "yes (NUMBA_ENABLE_CUDASIM=1)" if K.SIM else "no")]
 
 
-def _memory_of(arr):
-    """The object that owns an array's device memory, shared by all its views."""
-    return arr.gpu_data if hasattr(arr, "gpu_data") else arr._ary  # real GPU / simulator
-
-
 def _grid2(h, w, bx=32, by=8):
     return ((w + bx - 1) // bx, (h + by - 1) // by), (bx, by)
 
@@ -46,52 +39,18 @@ class CudaBackend:
     def __init__(self):
         self.stream = cuda.stream()
         self._tables = {}  # per-size constant tables on the device (path lines, census scale)
-        self._pool = {}  # (shape, dtype) -> device buffers, see _empty
 
     def describe(self) -> str:
         return dict(gpu_summary()).get("gpu", "CUDA GPU")
 
     # ------------------------------------------------------------ memory
-    # Device buffers are pooled by (shape, dtype): a buffer is handed out again once no
-    # Python object holds it any more (its reference count says so). Freeing and
-    # allocating hundreds of MiB of volumes per frame costs milliseconds (cudaFree is
-    # synchronous); reuse is safe because every kernel runs on the one stream, in order.
-    def _alloc(self, shape, dtype):
+    def _empty(self, shape, dtype):
         try:
             return cuda.device_array(shape, dtype=dtype, stream=self.stream)
         except Exception as e:  # CudaAPIError / out of memory from the driver
             size = int(np.prod(shape)) * np.dtype(dtype).itemsize
             raise StereoError(f"the GPU could not allocate {size / 2**20:.0f} MiB ({e.__class__.__name__}); "
                               f"use --max-memory to run in smaller strips, or --device cpu") from None
-
-    def _empty(self, shape, dtype):
-        key = (tuple(int(v) for v in shape), np.dtype(dtype).str)
-        for entry in self._pool.get(key, ()):
-            if self._idle(entry):
-                return entry[0]
-        self._drop_idle(keep=key)  # a new shape: give back the idle buffers of other shapes
-        arr = self._alloc(shape, dtype)
-        self._pool.setdefault(key, []).append((arr, sys.getrefcount(_memory_of(arr))))
-        return arr
-
-    @staticmethod
-    def _idle(entry):
-        """Nobody holds the array (refs: the entry, `arr` here, getrefcount's argument)
-        and no view of it (a reshape or dtype view holds its memory object) is alive."""
-        arr, base = entry
-        return sys.getrefcount(arr) <= 3 and sys.getrefcount(_memory_of(arr)) <= base
-
-    def _drop_idle(self, keep=None):
-        for key in list(self._pool):
-            if key != keep:
-                held = [e for e in self._pool[key] if not self._idle(e)]
-                if held:
-                    self._pool[key] = held
-                else:
-                    del self._pool[key]
-
-    def _idle_bytes(self):
-        return sum(e[0].nbytes for lst in self._pool.values() for e in lst if self._idle(e))
 
     def upload(self, a):
         a = np.ascontiguousarray(a)
@@ -108,13 +67,6 @@ class CudaBackend:
             driver.device_memset(out, 0, out.nbytes, stream=self.stream)
         return out
 
-    def _upload_const(self, a):
-        """A table kept for the life of the backend (outside the pool)."""
-        a = np.ascontiguousarray(a)
-        out = self._alloc(a.shape, a.dtype)
-        out.copy_to_device(a, stream=self.stream)
-        return out
-
     def download(self, a):
         host = a.copy_to_host(stream=self.stream)
         self.stream.synchronize()
@@ -124,9 +76,8 @@ class CudaBackend:
         self.stream.synchronize()
 
     def free_memory(self):
-        """Free device memory, counting the pool's idle buffers as free."""
         free, _ = cuda.current_context().get_memory_info()
-        return free + self._idle_bytes()
+        return free
 
     def _launch2(self, kernel, h, w, *args):
         g, b = _grid2(h, w)
@@ -175,7 +126,7 @@ class CudaBackend:
     def _census_scale(self, nbits):
         key = ("census", nbits)
         if key not in self._tables:
-            self._tables[key] = self._upload_const(cost.census_scale(nbits))
+            self._tables[key] = self.upload(cost.census_scale(nbits))
         return self._tables[key]
 
     def diff_volume(self, left, right, min_d, ndisp, kind):
@@ -248,7 +199,7 @@ class CudaBackend:
                                      for q, (dx, dy) in enumerate(pairs)
                                      for st in [aggregate.line_starts(h, w, dx, dy)]]).astype(np.int32)
             starts = starts[np.argsort(-self._line_lengths(starts, pairs, h, w), kind="stable")]  # long first
-            self._tables[key] = (self._upload_const(np.array(pairs, np.int32)), self._upload_const(starts))
+            self._tables[key] = (self.upload(np.array(pairs, np.int32)), self.upload(starts))
         return self._tables[key]
 
     @staticmethod
