@@ -75,6 +75,8 @@ def cli():
     Examples:
       stereo match left.png right.png -o disp.pfm -n 64
       stereo match left.png right.png -o disp.png --preset fast --preview disp_color.png
+      stereo batch left/ right/ -o disp/ -n 128 --gt-dir gt/
+      stereo eval disp.pfm gt.pfm
       stereo presets default
       stereo info
     """

@@ -9,7 +9,8 @@ on this machine: with CUDA, one worker per GPU (CUDA_VISIBLE_DEVICES set per wor
 as dask-cuda does); on the CPU, N workers sharing the cores.
 
 A pair that fails on a worker is tried once more on another worker before it is
-reported; a worker that dies is replaced by Dask, which reschedules its pairs.
+reported; the pairs of a worker that dies are rescheduled by Dask (once, on a local
+cluster; a remote scheduler follows its own `distributed.scheduler.allowed-failures`).
 At most a few pairs per worker are in flight, so the scheduler stays small for
 any number of pairs, and Ctrl-C only waits for those to finish.
 """
@@ -80,7 +81,8 @@ def start_local_cluster(workers: int | None, device: str, threads: int = 4):
         envs = [{"NUMBA_NUM_THREADS": str(threads), "OMP_NUM_THREADS": "1"} for _ in range(n)]
     specs = {f"{'gpu' if use_gpu else 'cpu'}-{i}": {"cls": Nanny, "options": {
         "nthreads": threads, "env": envs[i], "silence_logs": 50, "memory_limit": 0}} for i in range(n)}
-    with dask.config.set({"distributed.worker.daemon": False}):
+    # a pair whose worker dies is rerun once on another worker, then reported (KilledWorker)
+    with dask.config.set({"distributed.worker.daemon": False, "distributed.scheduler.allowed-failures": 1}):
         cluster = SpecCluster(scheduler={"cls": Scheduler, "options": {"dashboard_address": None}},
                               workers=specs, silence_logs=40, asynchronous=False)
     return cluster
