@@ -23,8 +23,9 @@ DISPARITY_FORMATS = (".pfm", ".png", ".npy", ".tif", ".tiff")
 PNG_MAX = 65535 / 256.0  # largest disparity a KITTI PNG holds
 
 
-def to_grey(img: np.ndarray) -> np.ndarray:
-    """Colour (BGR/BGRA) or grey, 8 or 16 bit -> float32 grey scaled to 0..255."""
+def to_grey(img: np.ndarray, keep_u8: bool = False) -> np.ndarray:
+    """Colour (BGR/BGRA) or grey, 8 or 16 bit -> float32 grey scaled to 0..255
+    (with keep_u8, an 8-bit image stays uint8: the same values, a quarter of the bytes)."""
     if img.ndim == 3 and img.shape[2] == 1:
         img = img[:, :, 0]
     if img.ndim == 3:
@@ -33,7 +34,7 @@ def to_grey(img: np.ndarray) -> np.ndarray:
     if img.ndim != 2:
         raise StereoError(f"unsupported image shape {img.shape}; give a grey or colour image")
     if img.dtype == np.uint8:
-        return img.astype(np.float32)
+        return img if keep_u8 else img.astype(np.float32)
     if img.dtype == np.uint16:
         return img.astype(np.float32) * np.float32(255.0 / 65535.0)
     if img.dtype in (np.float32, np.float64):

@@ -102,7 +102,8 @@ def run(left, right, params: Params, backend, budget_mib: int | None = None) -> 
     """Match a rectified pair (any shape/dtype io.to_grey accepts) -> Result."""
     params.validate()
     check_inputs(left, right, params)
-    gl, gr = to_grey(left), to_grey(right)
+    bytes_in = left.dtype == np.uint8 and right.dtype == np.uint8  # upload bytes, make floats on the device
+    gl, gr = to_grey(left, keep_u8=bytes_in), to_grey(right, keep_u8=bytes_in)
     h, w = gl.shape
     if params.max_memory:
         budget = params.max_memory * 2 ** 20
@@ -121,13 +122,18 @@ def run(left, right, params: Params, backend, budget_mib: int | None = None) -> 
 
 
 def _run_strip(gl: np.ndarray, gr: np.ndarray, params: Params, bk, timer: _Timer) -> np.ndarray:
-    guide = np.clip(np.round(gl), 0, 255).astype(np.uint8)
-    L, R, G = bk.upload(gl), bk.upload(gr), bk.upload(guide)
+    """gl, gr: grey strips, uint8 (the guide itself) or float32 0..255."""
+    if gl.dtype == np.uint8:
+        G, Gr = bk.upload(gl), bk.upload(gr)
+        L, R = bk.to_float(G), bk.to_float(Gr)
+    else:
+        guide = np.clip(np.round(gl), 0, 255).astype(np.uint8)
+        L, R, G = bk.upload(gl), bk.upload(gr), bk.upload(guide)
     timer.lap("upload")
     L, R = _preprocess(bk, L, R, params)
     timer.lap("preprocess")
     if params.cost == "mi":
-        vol = _mi_volume(bk, gl, gr, params, timer)
+        vol = _mi_volume(bk, gl.astype(np.float32), gr.astype(np.float32), params, timer)
     else:
         vol = cost_volume(bk, L, R, params, params.min_disparity, params.num_disparities)
     timer.lap("cost")

@@ -15,6 +15,9 @@ class CpuBackend:
     def upload(self, a):
         return np.ascontiguousarray(a)
 
+    def to_float(self, a):
+        return a.astype(np.float32)
+
     def download(self, a):
         return np.asarray(a)
 

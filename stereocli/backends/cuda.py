@@ -67,6 +67,13 @@ class CudaBackend:
             driver.device_memset(out, 0, out.nbytes, stream=self.stream)
         return out
 
+    def to_float(self, a):
+        """uint8 image -> float32 on the device."""
+        h, w = a.shape
+        out = self._empty((h, w), np.float32)
+        self._launch2(K.to_float_kernel, h, w, a, out)
+        return out
+
     def download(self, a):
         host = a.copy_to_host(stream=self.stream)
         self.stream.synchronize()

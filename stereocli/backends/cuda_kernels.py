@@ -123,6 +123,14 @@ def _volume_index(i, w, n):
 
 # ------------------------------------------------------------- preprocessing
 @cuda.jit(cache=True)
+def to_float_kernel(src, out):
+    x, y = cuda.grid(2)
+    if y < src.shape[0] and x < src.shape[1]:
+        out[y, x] = float32(src[y, x])
+
+
+
+@cuda.jit(cache=True)
 def conv_x_kernel(src, k, out):
     x, y = cuda.grid(2)
     if y < src.shape[0] and x < src.shape[1]:
