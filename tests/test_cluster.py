@@ -64,11 +64,13 @@ def test_remote_scheduler_survives_a_killed_worker(tmp_path):
     procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port",
                                addr.rsplit(":", 1)[1], "--no-dashboard"], stderr=subprocess.DEVNULL)]
     try:
-        time.sleep(1.0)
         workers = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", addr, "--nthreads", "1",
                                      "--no-nanny", "--no-dashboard"], stderr=subprocess.DEVNULL,
                                     env={**ENV, "NUMBA_NUM_THREADS": "1"}) for _ in range(2)]
         procs += workers
+        from distributed import Client
+        with Client(addr, timeout="60s") as c:  # both workers up before the batch starts
+            c.wait_for_workers(2, timeout=120)
         out = tmp_path / "out"
         batch = subprocess.Popen([sys.executable, "-m", "stereocli.cli", "batch", str(tmp_path / "L"),
                                   str(tmp_path / "R"), "-o", str(out), "-n", "16", "--device", "cpu",
