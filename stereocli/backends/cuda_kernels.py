@@ -6,6 +6,7 @@ Imported only by the CUDA backend (it needs numba-cuda).
 """
 import math
 import os
+import types
 
 from numba import config, cuda, float32, int32, int64, uint32, uint64
 
@@ -14,10 +15,24 @@ from ..stages import cost as _cost
 from ..stages import preprocess as _pre
 from ..stages import refine as _ref
 from ..stages import select as _sel
+from ..stages import SHARED
+
+
+_DEVICE = {}  # id of a CPU-compiled shared function -> its device twin
 
 
 def _dev(f):
-    return cuda.jit(device=True, inline=True)(f.py_func)
+    """The device function of a shared function: its Python source compiled again with
+    cuda.jit, with the shared functions it calls replaced by their device twins."""
+    if id(f) not in _DEVICE:
+        py = f.py_func
+        env = dict(py.__globals__)
+        for name in py.__code__.co_names:
+            if any(env.get(name) is g for g in SHARED):
+                env[name] = _dev(env[name])
+        fn = types.FunctionType(py.__code__, env, py.__name__, py.__defaults__, py.__closure__)
+        _DEVICE[id(f)] = cuda.jit(device=True, inline=True)(fn)
+    return _DEVICE[id(f)]
 
 
 # the shared per-pixel arithmetic, as device functions
@@ -32,6 +47,7 @@ pixel_diff = _dev(_cost.pixel_diff)
 scaled_cost = _dev(_cost.scaled_cost)
 zncc_cost_value = _dev(_cost.zncc_cost_value)
 zssd_value = _dev(_cost.zssd_value)
+finalize_at = _dev(_cost.finalize_at)
 penalty2 = _dev(_agg.penalty2)
 sgm_value = _dev(_agg.sgm_value)
 wta_range = _dev(_sel.wta_range)
@@ -253,17 +269,7 @@ def finalize_kernel(M, min_d, kind, ml, ml2, mr, mr2, vol):
     h, w, n = M.shape
     if i < h * w * n:
         y, x, d = _volume_index(i, w, n)
-        xr = x - min_d - d
-        if xr < 0 or xr >= w:
-            vol[y, x, d] = 255
-        elif kind == 0:
-            vol[y, x, d] = scaled_cost(M[y, x, d])
-        elif kind == 1:
-            vol[y, x, d] = scaled_cost(math.sqrt(max(M[y, x, d], float32(0.0))))
-        elif kind == 2:
-            vol[y, x, d] = scaled_cost(zssd_value(M[y, x, d], ml[y, x], mr[y, xr]))
-        else:
-            vol[y, x, d] = zncc_cost_value(M[y, x, d], ml[y, x], ml2[y, x], mr[y, xr], mr2[y, xr])
+        vol[y, x, d] = finalize_at(M, y, x, d, min_d, kind, ml, ml2, mr, mr2)
 
 
 @cuda.jit(cache=True)

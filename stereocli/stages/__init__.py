@@ -6,8 +6,8 @@ Each module holds
     numba.cuda.jit(device=True) by `stereocli.backends.cuda` (from `.py_func`),
     so the two backends run the same arithmetic;
   * the CPU drivers (`@njit(parallel=True, cache=True)` loops over rows/columns).
-Shared functions are leaves: they call no other shared function, only math and
-array indexing, so they compile unchanged for both targets.
+A shared function may call other shared functions: the CUDA backend compiles its
+source again with those calls pointing to their device twins.
 """
 import numba
 

@@ -187,26 +187,32 @@ def box_mean_cpu(V, rx, ry):
     return out
 
 
+@shared
+def finalize_at(M, y, x, d, min_d, kind, ml, ml2, mr, mr2):
+    """Window means -> cost units of one element. kind: 0 = mean difference (SAD, BT),
+    1 = mean square (SSD: RMS), 2 = zero-mean SSD, 3 = ZNCC (M holds mean of L*R)."""
+    w = M.shape[1]
+    xr = x - min_d - d
+    if xr < 0 or xr >= w:
+        return np.uint8(255)
+    if kind == 0:
+        return scaled_cost(M[y, x, d])
+    if kind == 1:
+        return scaled_cost(math.sqrt(max(M[y, x, d], np.float32(0.0))))  # running sums can dip below 0
+    if kind == 2:
+        return scaled_cost(zssd_value(M[y, x, d], ml[y, x], mr[y, xr]))
+    return zncc_cost_value(M[y, x, d], ml[y, x], ml2[y, x], mr[y, xr], mr2[y, xr])
+
+
 @njit(parallel=True, cache=True)
 def finalize_volume_cpu(M, min_d, kind, ml, ml2, mr, mr2):
-    """Window means -> uint8 cost volume. kind: 0 = mean difference (SAD, BT),
-    1 = mean square (SSD: RMS), 2 = zero-mean SSD, 3 = ZNCC (M holds mean of L*R)."""
+    """Window means -> uint8 cost volume (see finalize_at)."""
     h, w, n = M.shape
     vol = np.empty((h, w, n), np.uint8)
     for y in prange(h):
         for x in range(w):
             for d in range(n):
-                xr = x - min_d - d
-                if xr < 0 or xr >= w:
-                    vol[y, x, d] = 255
-                elif kind == 0:
-                    vol[y, x, d] = scaled_cost(M[y, x, d])
-                elif kind == 1:
-                    vol[y, x, d] = scaled_cost(math.sqrt(max(M[y, x, d], np.float32(0.0))))  # running sums can dip below 0
-                elif kind == 2:
-                    vol[y, x, d] = scaled_cost(zssd_value(M[y, x, d], ml[y, x], mr[y, xr]))
-                else:
-                    vol[y, x, d] = zncc_cost_value(M[y, x, d], ml[y, x], ml2[y, x], mr[y, xr], mr2[y, xr])
+                vol[y, x, d] = finalize_at(M, y, x, d, min_d, kind, ml, ml2, mr, mr2)
     return vol
 
 

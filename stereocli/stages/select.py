@@ -35,7 +35,7 @@ def wta_finish(S, y, x, best, bc, other, lo, hi, min_d, uniqueness, subpixel):
     return disp
 
 
-@njit(cache=True, inline="always")
+@shared
 def wta_at(S, y, x, min_d, uniqueness, subpixel):
     """Disparity of the left pixel (x, y), NaN when no disparity is possible or
     the best cost does not win by `uniqueness` percent over every cost more than
