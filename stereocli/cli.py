@@ -314,8 +314,9 @@ def _print_metrics(name, m, as_json, err=False):
                                   "'left_{name}.png' [every image].")
 @click.option("--right-glob", help="Pattern of right images inside RIGHT_DIR [same as --left-glob].")
 @click.option("--pairs", "pairs_file", type=click.Path(dir_okay=False, allow_dash=True),
-              help="File of lines 'left<TAB>right[<TAB>output]' instead of folders; '-' = stdin. "
-                   "Paths may be fsspec URLs (s3://..., file://...).")
+              help="File of lines 'left<TAB>right[<TAB>output]' instead of folders; '-' = stdin. Relative "
+                   "inputs are relative to the current folder, relative outputs to -o. Paths may be fsspec URLs "
+                   "(s3://..., file://...).")
 @click.option("--sbs", is_flag=True, help="Inputs are side-by-side frames (left half | right half); one folder.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="png", show_default=True,
               help="Output format.")
