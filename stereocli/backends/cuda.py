@@ -188,14 +188,25 @@ class CudaBackend:
         per_block = K.sgm_lines_per_block(G)
         blocks = (starts.shape[0] + per_block - 1) // per_block
         threads = G if K.SIM else 32 * K.SGM_WARPS
-        kernel[blocks, threads, self.stream](vol, vol.view(np.uint32) if vec else vol, guide, p1, p2, adaptive,
-                                             sp, sp.view(np.uint64) if vec else sp, dirs, starts)
+        flat = h * w * n // 4 if vec else h * w * n  # the kernel addresses the volumes as flat words
+        c4 = (vol.view(np.uint32) if vec else vol).reshape(flat)
+        s4 = (sp.view(np.uint64) if vec else sp).reshape(sp.shape[0], flat)
+        kernel[blocks, threads, self.stream](vol, c4, guide, p1, self._p2_table(p1, p2, adaptive), sp, s4, dirs,
+                                             starts)
         s = self._empty((h, w, n), np.uint16)
         if vec:
             self._launch1(K.sgm_sum4_kernel, h * w * n // 4, sp.view(np.uint64), s.view(np.uint64))
         else:
             self._launch1(K.sgm_sum_kernel, h * w * n, sp, s)
         return s
+
+    def _p2_table(self, p1, p2, adaptive):
+        """P2 for every grey step 0..255, from the shared penalty2 (so the values are the CPU's)."""
+        key = ("p2", p1, p2, bool(adaptive))
+        if key not in self._tables:
+            self._tables[key] = self.upload(np.array([aggregate.penalty2(p1, p2, adaptive, s, 0)
+                                                      for s in range(256)], np.int32))
+        return self._tables[key]
 
     def _lines(self, h, w, paths):
         """Device tables of the path lines for an image size, built once: (dirs, starts)."""

@@ -367,12 +367,13 @@ def _make_sgm_kernel(G, K, vec):
     group_min, from_below, from_above = _group_exchange(G)
 
     @cuda.jit(device=True, inline=True)
-    def load(C, C4, y, x, d0, n, buf, p):
-        """The costs of pixel (y, x) into buf[p]."""
+    def load(C, C4, y, x, wd, d0, n, buf, p):
+        """The costs of pixel (y, x) into buf[p] (C4: the volume as flat uint32 words)."""
         if vec:
+            base = (y * wd + x) * (n >> 2)
             for i in range(K // 4):
                 wi = (d0 >> 2) + i
-                word = C4[y, x, wi] if wi < (n >> 2) else uint32(0)
+                word = C4[base + wi] if wi < (n >> 2) else uint32(0)
                 for b in range(4):
                     buf[p, 4 * i + b] = int32((word >> uint32(8 * b)) & uint32(0xFF))
         else:
@@ -381,12 +382,13 @@ def _make_sgm_kernel(G, K, vec):
                 buf[p, j] = int32(C[y, x, d]) if d < n else int32(0)
 
     @cuda.jit(device=True, inline=True)
-    def store(S, S4, y, x, d0, n, v):
+    def store(S, S4, y, x, wd, d0, n, v):
         if vec:
+            base = (y * wd + x) * (n >> 2)
             for i in range(K // 4):
                 wi = (d0 >> 2) + i
                 if wi < (n >> 2):
-                    S4[y, x, wi] = (uint64(v[4 * i] & 0xFFFF) | (uint64(v[4 * i + 1] & 0xFFFF) << uint64(16))
+                    S4[base + wi] = (uint64(v[4 * i] & 0xFFFF) | (uint64(v[4 * i + 1] & 0xFFFF) << uint64(16))
                                     | (uint64(v[4 * i + 2] & 0xFFFF) << uint64(32))
                                     | (uint64(v[4 * i + 3] & 0xFFFF) << uint64(48)))
         else:
@@ -397,6 +399,7 @@ def _make_sgm_kernel(G, K, vec):
 
     @cuda.jit(device=True, inline=True)
     def begin(C, C4, guide, S, S4, y, x, dx, dy, length, d0, n, cur, buf, scratch, w, gl):
+        wd = guide.shape[1]
         """First pixel of a path: L = C there; starts the loads of the next PD pixels'
         costs (buf[1..PD]) and of the next guide value. Returns (min L of the group,
         guide here, guide at the next pixel)."""
@@ -407,21 +410,21 @@ def _make_sgm_kernel(G, K, vec):
         if length > 1:
             gn = int32(guide[y + dy, x + dx])
         if length > 0:
-            load(C, C4, y, x, d0, n, buf, 0)
+            load(C, C4, y, x, wd, d0, n, buf, 0)
         for p in range(1, PD + 1):
             if p < length:
-                load(C, C4, y + p * dy, x + p * dx, d0, n, buf, p)
+                load(C, C4, y + p * dy, x + p * dx, wd, d0, n, buf, p)
         m = int32(BIG)
         for j in range(K):
             v = buf[0, j] if d0 + j < n else int32(BIG)
             cur[j] = v
             m = min(m, v)
         if length > 0:
-            store(S, S4, y, x, d0, n, cur)
+            store(S, S4, y, x, wd, d0, n, cur)
         return group_min(m, scratch, w, gl), g, gn
 
     @cuda.jit(device=True, inline=True)
-    def advance(C, C4, guide, p1, p2, adaptive, S, S4, y, x, dx, dy, s, length, d0, n, m, gp, g, prev, cur,
+    def advance(C, C4, guide, p1, p2tab, S, S4, y, x, dx, dy, s, length, d0, n, m, gp, g, prev, cur,
                 buf, scratch, w, gl):
         """Step s of a path, at pixel (y, x) coming from (y - dy, x - dx): cur = SGM update
         of prev with the costs loaded PD steps ago; starts the load PD pixels ahead (the
@@ -429,6 +432,7 @@ def _make_sgm_kernel(G, K, vec):
         but loads and stores nothing (the shuffles need every lane of the warp).
         gp, g: the guide values of the previous and this pixel (loaded a step ahead, like
         the costs). Returns (min cur of the group, g, the next pixel's guide value)."""
+        wd = guide.shape[1]
         active = s < length
         for j in range(K):
             prev[j] = cur[j]
@@ -436,11 +440,11 @@ def _make_sgm_kernel(G, K, vec):
             for j in range(K):
                 buf[p, j] = buf[p + 1, j]
         if s + PD < length:
-            load(C, C4, y + PD * dy, x + PD * dx, d0, n, buf, PD)
+            load(C, C4, y + PD * dy, x + PD * dx, wd, d0, n, buf, PD)
         gn = int32(0)
         if s + 1 < length:
             gn = int32(guide[y + dy, x + dx])
-        p2e = penalty2(p1, p2, adaptive, g, gp)
+        p2e = p2tab[abs(g - gp)]  # penalty2 of every grey step, tabulated by the host
         lo0 = from_below(prev[K - 1], scratch, w, gl)
         hiK = from_above(prev[0], scratch, w, gl)
         mloc = int32(BIG)
@@ -452,7 +456,7 @@ def _make_sgm_kernel(G, K, vec):
             cur[j] = v
             mloc = min(mloc, v)
         if active:
-            store(S, S4, y, x, d0, n, cur)
+            store(S, S4, y, x, wd, d0, n, cur)
         return group_min(mloc, scratch, w, gl), g, gn
 
     @cuda.jit(device=True, inline=True)
@@ -477,13 +481,17 @@ def _make_sgm_kernel(G, K, vec):
         return v
 
     @cuda.jit(cache=True)
-    def sgm_lines_kernel(C, C4, guide, p1, p2, adaptive, Sd, Sd4, dirs, starts):
+    def sgm_lines_kernel(C, C4, guide, p1, p2table, Sd, Sd4, dirs, starts):
         """All path lines of all direction pairs in one launch, GROUPS lines per warp
         (starts[i] = (y, x, pair q), longest first). Pair q = dirs[q] = (dx, dy) walks the
         line along r into Sd[2q] and, at the same time, back along -r into Sd[2q + 1]:
         only stores, and no two groups write the same element. sgm_sum_kernel adds the
         direction volumes."""
         scratch = cuda.shared.array((SGM_WARPS, SGM_LANES), int32)  # the simulator's exchange
+        p2tab = cuda.shared.array(256, int32)
+        for i in range(cuda.threadIdx.x, 256, cuda.blockDim.x):
+            p2tab[i] = p2table[i]
+        cuda.syncthreads()  # before any thread returns
         prev = cuda.local.array(K, int32)  # the walk along r
         cur = cuda.local.array(K, int32)
         buf = cuda.local.array((PD1, K), int32)
@@ -526,9 +534,9 @@ def _make_sgm_kernel(G, K, vec):
             x += dx
             yb -= dy
             xb -= dx
-            m, gp, g = advance(C, C4, guide, p1, p2, adaptive, Sf, Sf4, y, x, dx, dy, s, length, d0, n, m,
+            m, gp, g = advance(C, C4, guide, p1, p2tab, Sf, Sf4, y, x, dx, dy, s, length, d0, n, m,
                                gp, g, prev, cur, buf, scratch, w, gl)
-            m2, gp2, g2 = advance(C, C4, guide, p1, p2, adaptive, Sb, Sb4, yb, xb, -dx, -dy, s, length, d0, n,
+            m2, gp2, g2 = advance(C, C4, guide, p1, p2tab, Sb, Sb4, yb, xb, -dx, -dy, s, length, d0, n,
                                   m2, gp2, g2, prev2, cur2, buf2, scratch, w, gl)
 
     return sgm_lines_kernel
