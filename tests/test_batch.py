@@ -1,6 +1,5 @@
 """`stereo batch` as users run it on dataset layouts, and the shell-pipeline forms of `match`."""
 import json
-import os
 import signal
 import subprocess
 import sys

@@ -1,7 +1,6 @@
 """`stereo batch --scheduler`: the batch on a real Dask cluster (worker processes on the CPU)."""
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
