@@ -337,7 +337,8 @@ def _print_metrics(name, m, as_json, err=False):
               help="Run on a Dask cluster: a scheduler address (tcp://host:8786) or 'local' to start one here "
                    "(needs pip install 'stereocli[dask]').")
 @click.option("--workers", type=click.IntRange(1, 1024),
-              help="With --scheduler local: worker processes [one per GPU with CUDA, else 2].")
+              help="With --scheduler local: worker processes [one per GPU with CUDA, else 2]; more than the "
+                   "GPUs puts several on each GPU.")
 def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, threads, skip_existing, gt_dir,
           gt_glob, max_disparity, jsonl, progress, scheduler, workers, **kw):
     """Match every pair of two folders (or of a list) and write one map per pair.

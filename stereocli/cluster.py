@@ -68,13 +68,10 @@ def start_local_cluster(workers: int | None, device: str, threads: int = 4):
     if use_gpu:
         from numba import cuda
         ngpu = len(cuda.gpus)
-        n = workers or ngpu
-        if n > ngpu:
-            raise StereoError(f"--workers {n} with --device cuda, but this machine has {ngpu} GPU(s); "
-                              f"one worker per GPU")
+        n = workers or ngpu  # more workers than GPUs: they take the GPUs in turn (several per GPU)
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         ids = visible.split(",") if visible else [str(i) for i in range(ngpu)]
-        envs = [{"CUDA_VISIBLE_DEVICES": ids[i]} for i in range(n)]
+        envs = [{"CUDA_VISIBLE_DEVICES": ids[i % len(ids)]} for i in range(n)]
     else:
         n = workers or 2
         threads = max(1, (os.cpu_count() or 2) // n)
