@@ -4,6 +4,9 @@ stereocli.match with host arrays (default preset otherwise). One JSON line per
 configuration; the first line reports the cold (compile or cache load) time.
 
     python benchmarks/gpu.py [--repeat 10] [--quick]
+
+STEREOCLI_SGM_K=4|8|16 forces the disparities per lane of the SGM kernel (for tuning
+sweeps; by default 4/8/16 by the disparity count, see cuda_kernels.sgm_kernel_for).
 """
 import argparse
 import time
