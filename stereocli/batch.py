@@ -54,7 +54,6 @@ class Summary:
     failures: list = field(default_factory=list)  # (left, error)
     metric_counts: dict | None = None  # summed metrics.counts over evaluated pairs
     evaluated: int = 0
-    no_gt: int = 0
     read_ms: float = 0.0
     compute_ms: float = 0.0
     write_ms: float = 0.0
@@ -70,8 +69,7 @@ class Summary:
             if counts is not None:
                 self.metric_counts = metrics.add(self.metric_counts, counts)
                 self.evaluated += 1
-                ev["metrics"] = {k: round(v, 6) if isinstance(v, float) else v
-                                 for k, v in metrics.summarize(counts).items()}
+                ev["metrics"] = metrics.rounded(metrics.summarize(counts))
         elif status == "skipped":
             self.skipped += 1
         else:
@@ -91,8 +89,7 @@ class Summary:
                "write_ms": round(self.write_ms, 1)}
         if self.metric_counts is not None:
             out["evaluated"] = self.evaluated
-            out["metrics"] = {k: round(v, 6) if isinstance(v, float) else v
-                              for k, v in metrics.summarize(self.metric_counts).items()}
+            out["metrics"] = metrics.rounded(metrics.summarize(self.metric_counts))
         return out
 
 
@@ -298,7 +295,7 @@ def match_one(pair: Pair, params, backend, ext: str, skip_existing: bool = False
     (event, metric counts or None). Never raises for a bad pair. With `compute_lock`,
     only the matching holds it, so other threads decode and encode meanwhile."""
     if pair.error:
-        return {**_event(pair, "failed"), "error": pair.error}, None
+        return failed_event(pair, pair.error), None
     if skip_existing and io.exists(pair.output):
         return _event(pair, "skipped"), None
     try:
@@ -306,10 +303,8 @@ def match_one(pair: Pair, params, backend, ext: str, skip_existing: bool = False
         with compute_lock or contextlib.nullcontext():
             result = pipeline.run(left, right, params, backend)
         write_ms, counts = save_result(pair, result.disparity, ext, max_disparity)
-    except StereoError as e:
-        return {**_event(pair, "failed"), "error": str(e)}, None
-    except Exception as e:
-        return {**_event(pair, "failed"), "error": f"internal error: {type(e).__name__}: {e}"}, None
+    except Exception as e:  # one bad pair must not stop the batch
+        return failed_event(pair, error_text(e)), None
     return {**_event(pair, "ok"), **_result_fields(result), "read_ms": round(read_ms, 3),
             "write_ms": round(write_ms, 3)}, counts
 
@@ -352,21 +347,13 @@ def run(pairs: list[Pair], params, backend, ext: str, *, threads: int = 4, skip_
     def report(ev, counts=None):
         on_event(summary.record(ev, counts))
 
-    def fail(p, msg, ev=None):
-        ev = ev or _event(p, "failed")
-        ev.update(status="failed", error=msg)
-        report(ev)
-
     def finish(block: bool):
         while writes and (block or writes[0][1].done() or len(writes) > lookahead):
             p, fut, ev = writes.popleft()
             try:
                 write_ms, counts = fut.result()
-            except StereoError as e:
-                fail(p, str(e), ev)
-                continue
-            except Exception as e:  # an unforeseen failure of one pair must not stop the batch
-                fail(p, f"internal error: {type(e).__name__}: {e}", ev)
+            except Exception as e:  # one bad pair must not stop the batch
+                report(failed_event(p, error_text(e), ev))
                 continue
             ev["write_ms"] = round(write_ms, 3)
             report(ev, counts)
@@ -377,16 +364,13 @@ def run(pairs: list[Pair], params, backend, ext: str, *, threads: int = 4, skip_
             p, fut = reads.popleft()
             refill()
             if p.error:
-                fail(p, p.error)
+                report(failed_event(p, p.error))
                 continue
             try:
                 left, right, read_ms = fut.result()
                 result = pipeline.run(left, right, params, backend)
-            except StereoError as e:
-                fail(p, str(e))
-                continue
             except Exception as e:
-                fail(p, f"internal error: {type(e).__name__}: {e}")
+                report(failed_event(p, error_text(e)))
                 continue
             ev = {**_event(p, "ok"), "read_ms": round(read_ms, 3), **_result_fields(result)}
             writes.append((p, writers.submit(save_result, p, result.disparity, ext, max_disparity), ev))
@@ -403,8 +387,17 @@ def run(pairs: list[Pair], params, backend, ext: str, *, threads: int = 4, skip_
         readers.shutdown(wait=False, cancel_futures=True)
         writers.shutdown(wait=True)
         summary.seconds = time.perf_counter() - start
-        summary.no_gt = sum(1 for p in pairs if p.gt is None)
     return summary
+
+
+def error_text(e: BaseException) -> str:
+    """The line reported for a failed pair: a StereoError's message, else what broke."""
+    return str(e) if isinstance(e, StereoError) else f"internal error: {type(e).__name__}: {e}"
+
+
+def failed_event(p: Pair, error: str, ev: dict | None = None) -> dict:
+    """The event of a failed pair (`ev`: what was known of it so far)."""
+    return {**(ev or _event(p, "failed")), "status": "failed", "error": error}
 
 
 def _event(p: Pair, status: str) -> dict:

@@ -297,9 +297,9 @@ def eval_cmd(estimate, ground_truth, mask, max_disparity, as_json):
 
 
 def _print_metrics(name, m, as_json, err=False):
+    from . import metrics
     if as_json:
-        click.echo(json.dumps({"estimate": name, **{k: round(v, 6) if isinstance(v, float) else v
-                                                    for k, v in m.items()}}))
+        click.echo(json.dumps({"estimate": name, **metrics.rounded(m)}))
         return
     bad = "  ".join(f"bad{t:g} {100 * m[f'bad{t:g}']:5.2f}%" for t in (0.5, 1, 2, 4))
     click.echo(f"{name}: {bad}  D1 {100 * m['d1']:5.2f}%  density {100 * m['density']:5.1f}%  "
@@ -435,13 +435,14 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, threads
                       on_event=on_event, max_disparity=max_disparity, summary=summary)
         except KeyboardInterrupt:
             code = 130
-    _print_batch_summary(summary, len(pairs), bool(gt_dir), jsonl, device_name)
+    no_gt = sum(1 for p in pairs if p.gt is None) if gt_dir else 0
+    _print_batch_summary(summary, len(pairs), bool(gt_dir), no_gt, jsonl, device_name)
     if code:
         return code
     return 1 if summary.failed else 0
 
 
-def _print_batch_summary(s, total, with_gt, jsonl, device):
+def _print_batch_summary(s, total, with_gt, no_gt, jsonl, device):
     rate = f"{s.done / s.seconds:.2f} pairs/s" if s.seconds > 0 else "-"
     head = "interrupted after" if s.interrupted else f"batch on {device}:"
     not_run = total - s.total
@@ -459,8 +460,8 @@ def _print_batch_summary(s, total, with_gt, jsonl, device):
             from . import metrics
             _print_metrics(f"ground truth, {s.evaluated} maps", metrics.summarize(s.metric_counts), False,
                            err=True)
-        if s.no_gt:
-            click.echo(f"stereo: {s.no_gt} pairs had no ground-truth file in --gt-dir", err=True)
+        if no_gt:
+            click.echo(f"stereo: {no_gt} pairs had no ground-truth file in --gt-dir", err=True)
     if jsonl:
         click.echo(json.dumps({"summary": s.as_dict()}))
 

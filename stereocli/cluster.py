@@ -20,7 +20,7 @@ import os
 import threading
 import time
 
-from . import batch
+from . import batch, io
 from .errors import StereoError
 
 _COMPUTE_LOCK = threading.Lock()  # per worker process: one match at a time on its device
@@ -61,7 +61,7 @@ def start_local_cluster(workers: int | None, device: str, threads: int = 4):
     import dask
     from distributed import Nanny, Scheduler, SpecCluster
 
-    from .backends import cuda_status
+    from .backends import _simulator, cuda_status
     use_gpu = device in ("cuda", "auto") and cuda_status()[0] and not _simulator()
     if device == "cuda" and not use_gpu:
         raise StereoError(f"--device cuda: {cuda_status()[1]}; use --device cpu or auto")
@@ -115,9 +115,8 @@ def run(pairs, params, device: str, ext: str, scheduler: str, *, workers: int | 
     finally:
         if cluster is not None:
             cluster.close()
-        _remove_stray_parts(pairs)
+        io.remove_partial_writes(p.output for p in pairs)  # a worker killed while writing
         summary.seconds = time.perf_counter() - start
-        summary.no_gt = sum(1 for p in pairs if p.gt is None)
     return summary
 
 
@@ -151,7 +150,6 @@ def _run_with_client(client, pairs, params, device, ext, skip_existing, max_disp
     for p in (next(todo, None) for _ in range(window)):
         if p is not None:
             ac.add(submit(p))
-    stopping = False
     try:
         for fut in ac:
             p, attempt, _ = attempts.pop(fut.key)
@@ -160,45 +158,22 @@ def _run_with_client(client, pairs, params, device, ext, skip_existing, max_disp
             except FutureCancelledError:
                 continue
             except Exception as e:  # the worker died too often (KilledWorker) or the task could not run
-                ev, counts = {**batch._event(p, "failed"), "error": f"{type(e).__name__}: {e}"}, None
-            if ev["status"] == "failed" and attempt == 1 and not p.error and not stopping:
+                ev, counts = batch.failed_event(p, f"{type(e).__name__}: {e}"), None
+            if ev["status"] == "failed" and attempt == 1 and not p.error:
                 ac.add(submit(p, 2, avoid=ev.get("worker")))  # once more, elsewhere when there is an elsewhere
                 continue
             ev["attempts"] = attempt
             report(ev, counts)
-            nxt = None if stopping else next(todo, None)
+            nxt = next(todo, None)
             if nxt is not None:
                 ac.add(submit(nxt))
     except KeyboardInterrupt:
         summary.interrupted = True
-        stopping = True
         # the pairs in flight finish (each output is whole or absent), nothing new is sent
         for p, _, fut in list(attempts.values()):
             try:
                 ev, counts = fut.result(timeout=120)
             except Exception as e:
-                ev, counts = {**batch._event(p, "failed"), "error": f"{type(e).__name__}: {e}"}, None
+                ev, counts = batch.failed_event(p, f"{type(e).__name__}: {e}"), None
             report(ev, counts)
         raise
-
-
-def _remove_stray_parts(pairs) -> None:
-    """A worker killed while writing leaves its temporary `.NAME.*.part` file (the pair
-    itself is redone elsewhere); remove those that this client can see."""
-    from pathlib import Path
-    by_dir = {}
-    for p in pairs:
-        if "://" not in p.output:
-            by_dir.setdefault(Path(p.output).parent, set()).add(Path(p.output).name)
-    for folder, names in by_dir.items():
-        try:
-            for f in folder.glob(".*.part"):
-                if f.name[1:].rsplit(".", 2)[0] in names:
-                    f.unlink(missing_ok=True)
-        except OSError:
-            pass
-
-
-def _simulator() -> bool:
-    from numba import config
-    return bool(config.ENABLE_CUDASIM)

@@ -246,6 +246,22 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
         raise
 
 
+def remove_partial_writes(paths) -> None:
+    """Delete the temporary files atomic_write leaves when its process is killed while
+    writing (`.NAME.*.part` beside each local path in `paths`)."""
+    by_dir: dict = {}
+    for path in paths:
+        if not is_url(path):
+            by_dir.setdefault(Path(path).parent, set()).add(Path(path).name)
+    for folder, names in by_dir.items():
+        try:
+            for f in folder.glob(".*.part"):
+                if f.name[1:].rsplit(".", 2)[0] in names:  # "." + NAME + "." + random + ".part"
+                    f.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
 def write_disparity(path: str | os.PathLike, disp: np.ndarray, ext: str | None = None) -> None:
     """Write a map atomically; the format is `ext` (".pfm", ...) or the path's extension."""
     p, ext = check_output_path(path, ext)

@@ -58,6 +58,11 @@ def summarize(c: dict) -> dict:
     return {k: (float(v) if not isinstance(v, int) else v) for k, v in out.items()}
 
 
+def rounded(m: dict) -> dict:
+    """Metrics for JSON output: floats to 6 decimals."""
+    return {k: round(v, 6) if isinstance(v, float) else v for k, v in m.items()}
+
+
 def evaluate(est: np.ndarray, gt: np.ndarray, mask: np.ndarray | None = None,
              max_disparity: float | None = None) -> dict:
     return summarize(counts(est, gt, mask, max_disparity))
