@@ -361,24 +361,22 @@ def _make_sgm_kernel(G, K, vec):
     uint32 words (4 costs) and the path volume written as uint64 words (4 values),
     which needs D % 4 == 0 and K % 4 == 0."""
     GROUPS = 1 if SIM else 32 // G  # path lines per warp
-    PD = 1  # pixels of costs loaded ahead (deeper prefetch measured no faster on an H100)
-    PD1 = PD + 1  # a literal for the buffer's shape
     group_min, from_below, from_above = _group_exchange(G)
 
     @cuda.jit(device=True, inline=True)
-    def load(C, C4, y, x, wd, d0, n, buf, p):
-        """The costs of pixel (y, x) into buf[p] (C4: the volume as flat uint32 words)."""
+    def load(C, C4, y, x, wd, d0, n, c):
+        """The costs of pixel (y, x) into c (C4: the volume as flat uint32 words)."""
         if vec:
             base = (y * wd + x) * (n >> 2)
             for i in range(K // 4):
                 wi = (d0 >> 2) + i
                 word = C4[base + wi] if wi < (n >> 2) else uint32(0)
                 for b in range(4):
-                    buf[p, 4 * i + b] = int32((word >> uint32(8 * b)) & uint32(0xFF))
+                    c[4 * i + b] = int32((word >> uint32(8 * b)) & uint32(0xFF))
         else:
             for j in range(K):
                 d = d0 + j
-                buf[p, j] = int32(C[y, x, d]) if d < n else int32(0)
+                c[j] = int32(C[y, x, d]) if d < n else int32(0)
 
     @cuda.jit(device=True, inline=True)
     def store(S, S4, y, x, wd, d0, n, v):
@@ -397,11 +395,11 @@ def _make_sgm_kernel(G, K, vec):
                     S[y, x, d] = v[j]
 
     @cuda.jit(device=True, inline=True)
-    def begin(C, C4, guide, S, S4, y, x, dx, dy, length, d0, n, cur, buf, scratch, w, gl):
+    def begin(C, C4, guide, S, S4, y, x, dx, dy, length, d0, n, cur, c, cn, scratch, w, gl):
+        """First pixel of a path: L = C there; starts the loads of the next pixel's costs
+        (into cn) and guide value. Returns (min L of the group, guide here, guide at the
+        next pixel)."""
         wd = guide.shape[1]
-        """First pixel of a path: L = C there; starts the loads of the next PD pixels'
-        costs (buf[1..PD]) and of the next guide value. Returns (min L of the group,
-        guide here, guide at the next pixel)."""
         g = int32(0)
         gn = int32(0)
         if length > 0:
@@ -409,13 +407,12 @@ def _make_sgm_kernel(G, K, vec):
         if length > 1:
             gn = int32(guide[y + dy, x + dx])
         if length > 0:
-            load(C, C4, y, x, wd, d0, n, buf, 0)
-        for p in range(1, PD + 1):
-            if p < length:
-                load(C, C4, y + p * dy, x + p * dx, wd, d0, n, buf, p)
+            load(C, C4, y, x, wd, d0, n, c)
+        if length > 1:
+            load(C, C4, y + dy, x + dx, wd, d0, n, cn)
         m = int32(BIG)
         for j in range(K):
-            v = buf[0, j] if d0 + j < n else int32(BIG)
+            v = c[j] if d0 + j < n else int32(BIG)
             cur[j] = v
             m = min(m, v)
         if length > 0:
@@ -424,10 +421,10 @@ def _make_sgm_kernel(G, K, vec):
 
     @cuda.jit(device=True, inline=True)
     def advance(C, C4, guide, p1, p2tab, S, S4, y, x, dx, dy, s, length, d0, n, m, gp, g, prev, cur,
-                buf, scratch, w, gl):
+                c, cn, scratch, w, gl):
         """Step s of a path, at pixel (y, x) coming from (y - dy, x - dx): cur = SGM update
-        of prev with the costs loaded PD steps ago; starts the load PD pixels ahead (the
-        loads' latency is longer than a step). A group past the end of its line computes
+        of prev with the costs loaded a step ago; starts the load of the next pixel's
+        (deeper prefetch measured no faster on an H100). A group past the end of its line computes
         but loads and stores nothing (the shuffles need every lane of the warp).
         gp, g: the guide values of the previous and this pixel (loaded a step ahead, like
         the costs). Returns (min cur of the group, g, the next pixel's guide value)."""
@@ -435,11 +432,9 @@ def _make_sgm_kernel(G, K, vec):
         active = s < length
         for j in range(K):
             prev[j] = cur[j]
-        for p in range(PD):
-            for j in range(K):
-                buf[p, j] = buf[p + 1, j]
-        if s + PD < length:
-            load(C, C4, y + PD * dy, x + PD * dx, wd, d0, n, buf, PD)
+            c[j] = cn[j]
+        if s + 1 < length:
+            load(C, C4, y + dy, x + dx, wd, d0, n, cn)
         gn = int32(0)
         if s + 1 < length:
             gn = int32(guide[y + dy, x + dx])
@@ -450,7 +445,7 @@ def _make_sgm_kernel(G, K, vec):
         for j in range(K):
             lo = prev[j - 1] if j > 0 else lo0
             hi = prev[j + 1] if j + 1 < K else hiK
-            v = sgm_value(buf[0, j], prev[j], lo, hi, m, p1, p2e)
+            v = sgm_value(c[j], prev[j], lo, hi, m, p1, p2e)
             v = v if d0 + j < n else int32(BIG)
             cur[j] = v
             mloc = min(mloc, v)
@@ -493,10 +488,12 @@ def _make_sgm_kernel(G, K, vec):
         cuda.syncthreads()  # before any thread returns
         prev = cuda.local.array(K, int32)  # the walk along r
         cur = cuda.local.array(K, int32)
-        buf = cuda.local.array((PD1, K), int32)
+        c = cuda.local.array(K, int32)  # costs of this pixel and of the next
+        cn = cuda.local.array(K, int32)
         prev2 = cuda.local.array(K, int32)  # the walk back along -r, interleaved with it
         cur2 = cuda.local.array(K, int32)
-        buf2 = cuda.local.array((PD1, K), int32)
+        c2 = cuda.local.array(K, int32)
+        cn2 = cuda.local.array(K, int32)
         tid = cuda.threadIdx.x
         if SIM:
             w, gl, grp = 0, tid, 0
@@ -525,8 +522,9 @@ def _make_sgm_kernel(G, K, vec):
         xe = x0 + (length - 1) * dx
         Sf, Sf4, Sb, Sb4 = Sd[2 * q], Sd4[2 * q], Sd[2 * q + 1], Sd4[2 * q + 1]
         # the two walks are independent chains: stepping them together hides each one's latency
-        m, gp, g = begin(C, C4, guide, Sf, Sf4, y0, x0, dx, dy, length, d0, n, cur, buf, scratch, w, gl)
-        m2, gp2, g2 = begin(C, C4, guide, Sb, Sb4, ye, xe, -dx, -dy, length, d0, n, cur2, buf2, scratch, w, gl)
+        m, gp, g = begin(C, C4, guide, Sf, Sf4, y0, x0, dx, dy, length, d0, n, cur, c, cn, scratch, w, gl)
+        m2, gp2, g2 = begin(C, C4, guide, Sb, Sb4, ye, xe, -dx, -dy, length, d0, n, cur2, c2, cn2, scratch, w,
+                            gl)
         y, x, yb, xb = y0, x0, ye, xe
         for s in range(1, maxlen):
             y += dy
@@ -534,9 +532,9 @@ def _make_sgm_kernel(G, K, vec):
             yb -= dy
             xb -= dx
             m, gp, g = advance(C, C4, guide, p1, p2tab, Sf, Sf4, y, x, dx, dy, s, length, d0, n, m,
-                               gp, g, prev, cur, buf, scratch, w, gl)
+                               gp, g, prev, cur, c, cn, scratch, w, gl)
             m2, gp2, g2 = advance(C, C4, guide, p1, p2tab, Sb, Sb4, yb, xb, -dx, -dy, s, length, d0, n,
-                                  m2, gp2, g2, prev2, cur2, buf2, scratch, w, gl)
+                                  m2, gp2, g2, prev2, cur2, c2, cn2, scratch, w, gl)
 
     return sgm_lines_kernel
 
@@ -548,7 +546,7 @@ _SGM_KERNELS = {}
 # K = 16 wins only at 256 disparities; K = 4 and 8 are within 5 % of each other below.
 
 
-def sgm_kernel_for(ndisp, nlines=0):
+def sgm_kernel_for(ndisp):
     """(kernel, G, vec) for D disparities: G lanes per path line, K disparities per lane."""
     if SIM:
         G, K = SGM_LANES, SGM_K
