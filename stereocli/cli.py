@@ -166,7 +166,7 @@ def match(left, right, output, fmt, sbs, preview, depth_out, ply_out, focal, bas
         if depth_ext == ".png":
             raise StereoError(f"{depth_path}: depth is written as float: use .pfm, .npy or .tiff")
     if ply_out:
-        _check_file_target(ply_out, ".ply")
+        io.check_ply_path(ply_out)
     left_img = io.read_image(left)
     if sbs:
         left_img, right_img = io.split_side_by_side(left_img, "standard input" if left == "-" else left)
@@ -201,16 +201,6 @@ def match(left, right, output, fmt, sbs, preview, depth_out, ply_out, focal, bas
             "timings_ms": {k: round(v, 3) for k, v in result.timings.items()},
             "total_ms": round(result.total_ms, 3), "params": params.as_dict(),
         }))
-
-
-def _check_file_target(path, suffix):
-    from pathlib import Path
-    p = Path(path)
-    if p.suffix.lower() != suffix:
-        raise StereoError(f"{p}: the file name must end in {suffix}")
-    folder = p.parent if str(p.parent) else Path(".")
-    if not folder.is_dir():
-        raise StereoError(f"{p}: folder {folder} does not exist; create it first")
 
 
 def _print_timings(result, backend, w, h, params):

@@ -161,9 +161,7 @@ def check_output_path(path: str | os.PathLike, fmt: str | None = None) -> tuple[
     if ext not in DISPARITY_FORMATS:
         raise StereoError(f"{p}: cannot write disparity as {ext or 'a file without extension'!r}; "
                           f"use one of {', '.join(DISPARITY_FORMATS)}")
-    folder = p.parent if str(p.parent) else Path(".")
-    if not folder.is_dir():
-        raise StereoError(f"{p}: folder {folder} does not exist; create it first")
+    _check_folder(p)
     return p, ext
 
 
@@ -303,13 +301,26 @@ def colorize(disp: np.ndarray, min_disparity: float | None = None, max_disparity
     return out
 
 
+def _check_folder(p: Path) -> None:
+    """An output's folder must exist before any work."""
+    folder = p.parent if str(p.parent) else Path(".")
+    if not folder.is_dir():
+        raise StereoError(f"{p}: folder {folder} does not exist; create it first")
+
+
 def check_preview_path(path: str | os.PathLike) -> Path:
     p = Path(path)
     if p.suffix.lower() not in (".png", ".jpg", ".jpeg"):
         raise StereoError(f"{p}: a preview must be .png or .jpg")
-    folder = p.parent if str(p.parent) else Path(".")
-    if not folder.is_dir():
-        raise StereoError(f"{p}: folder {folder} does not exist; create it first")
+    _check_folder(p)
+    return p
+
+
+def check_ply_path(path: str | os.PathLike) -> Path:
+    p = Path(path)
+    if p.suffix.lower() != ".ply":
+        raise StereoError(f"{p}: the file name must end in .ply")
+    _check_folder(p)
     return p
 
 
