@@ -188,7 +188,7 @@ def match(left, right, output, fmt, sbs, preview, depth_out, ply_out, focal, bas
         io.write_disparity(depth_path, geometry.depth(result.disparity, cam))
     if ply_out:
         pts = geometry.point_cloud(result.disparity, left_img, cam)
-        io.atomic_write(ply_out, geometry.encode_ply(pts))
+        io.write_file(ply_out, geometry.encode_ply(pts))
     h, w = result.disparity.shape
     if timings:
         _print_timings(result, backend, w, h, params)

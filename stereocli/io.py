@@ -263,10 +263,7 @@ def remove_partial_writes(paths) -> None:
 def write_disparity(path: str | os.PathLike, disp: np.ndarray, ext: str | None = None) -> None:
     """Write a map atomically; the format is `ext` (".pfm", ...) or the path's extension."""
     p, ext = check_output_path(path, ext)
-    try:
-        atomic_write(p, encode_disparity(disp, ext))
-    except OSError as e:
-        raise StereoError(f"cannot write {p}: {e.strerror}") from None
+    write_file(p, encode_disparity(disp, ext))
 
 
 def read_disparity(path: str | os.PathLike) -> np.ndarray:
@@ -327,4 +324,4 @@ def check_ply_path(path: str | os.PathLike) -> Path:
 def write_preview(path: str | os.PathLike, disp: np.ndarray, lo=None, hi=None) -> None:
     p = check_preview_path(path)
     ok, enc = cv2.imencode(p.suffix.lower(), colorize(disp, lo, hi))
-    atomic_write(p, enc.tobytes())
+    write_file(p, enc.tobytes())
