@@ -5,8 +5,10 @@ configuration; the first line reports the cold (compile or cache load) time.
 
     python benchmarks/gpu.py [--repeat 10] [--quick]
 
-STEREOCLI_SGM_K=4|8|16 forces the disparities per lane of the SGM kernel (for tuning
-sweeps; by default 4/8/16 by the disparity count, see cuda_kernels.sgm_kernel_for).
+Tuning knobs (see cuda_kernels): STEREOCLI_SGM_K=4|8|16 forces the disparities per lane
+of the SGM kernel, STEREOCLI_SGM_REGS and STEREOCLI_SELECT_REGS the register caps of the
+SGM and selection kernels (0: the compiler's choice). Give each setting its own
+NUMBA_CACHE_DIR: the kernel cache does not key on the register cap.
 """
 import argparse
 import time
@@ -39,15 +41,21 @@ def kernel_times(bk, left, right, ndisp, paths, repeat):
     stages = {}
 
     def once(record):
+        # free the last round's buffers now, not inside the timed span (Numba defers frees)
+        cuda.current_context().deallocations.clear()
+        with cuda.defer_cleanup():
+            timed(record)
+
+    def timed(record):
         ev = [cuda.event() for _ in range(5)]
         ev[0].record(bk.stream)
         vol = bk.census_volume(L, R, 0, ndisp, 9, 7)
         ev[1].record(bk.stream)
         s = bk.sgm(vol, G, 40, 480, True, paths)
         ev[2].record(bk.stream)
-        d = bk.wta(s, 0, 5.0, True)
+        d, d_r = bk.select(s, 0, 5.0, True, True)
         ev[3].record(bk.stream)
-        bk.lr_check(d, bk.wta_right(s, 0), 1.0)
+        bk.lr_check(d, d_r, 1.0)
         ev[4].record(bk.stream)
         ev[4].synchronize()
         if record:

@@ -139,10 +139,10 @@ def _run_strip(gl: np.ndarray, gr: np.ndarray, params: Params, bk, timer: _Timer
     timer.lap("cost")
     agg = _aggregate(bk, vol, G, params)
     timer.lap("aggregate")
-    disp = bk.wta(agg, params.min_disparity, params.uniqueness, params.subpixel)
+    disp, disp_r = bk.select(agg, params.min_disparity, params.uniqueness, params.subpixel, params.lr_check)
     timer.lap("select")
     if params.lr_check:
-        disp = bk.lr_check(disp, bk.wta_right(agg, params.min_disparity), params.lr_max_diff)
+        disp = bk.lr_check(disp, disp_r, params.lr_max_diff)
         timer.lap("lr_check")
     del agg, vol
     if params.speckle_size > 0:
@@ -251,8 +251,8 @@ def _mi_volume(bk, gl: np.ndarray, gr: np.ndarray, params: Params, timer: _Timer
             if level == 0:
                 return vol
             agg = _aggregate(bk, vol, ql, params)  # the quantised left image is the P2 guide
-            d = bk.wta(agg, min_d, 0.0, False)
-            d = bk.lr_check(d, bk.wta_right(agg, min_d), 1.0)
+            d, d_r = bk.select(agg, min_d, 0.0, False, True)
+            d = bk.lr_check(d, d_r, 1.0)
             disp = bk.download(d)
     raise AssertionError("unreachable")
 

@@ -70,25 +70,62 @@ def test_sgm_bit_exact_for_every_lane_grouping(rng, ndisp, paths):
 @pytest.mark.skipif(REAL_GPU, reason="the simulator's multi-lane exchange; a GPU uses warp shuffles")
 def test_sgm_lane_exchange_under_simulator():
     """The SGM kernel with 4 lanes per line (each holding 2 disparities) exchanges
-    edge values and minima between lanes; it must still equal the CPU."""
+    edge values and minima between lanes, and the selection kernel reduces over 4
+    lanes per pixel; both must still equal the CPU."""
     code = (
         "import numpy as np;"
         "from stereocli.backends.cpu import CpuBackend;from stereocli.backends.cuda import CudaBackend;"
         "from stereocli.backends import cuda_kernels as K;assert K.SGM_LANES == 4;"
         "g=CudaBackend();r=np.random.default_rng(3);C=r.integers(0,256,(4,6,8)).astype(np.uint8);"
         "G=r.integers(0,256,(4,6)).astype(np.uint8);"
-        "a=g.download(g.sgm(g.upload(C),g.upload(G),20,200,True,8));b=CpuBackend().sgm(C,G,20,200,True,8);"
-        "assert np.array_equal(a,b), 'differ'")
+        "P=g.sgm(g.upload(C),g.upload(G),20,200,True,8);b=CpuBackend().sgm(C,G,20,200,True,8);"
+        "assert np.array_equal(g.download(P),b), 'sgm differs';"
+        "l,r=g.select(P,-1,10.0,True,True);L,R=CpuBackend().select(b,-1,10.0,True,True);"
+        "assert np.array_equal(g.download(l),L,equal_nan=True) and np.array_equal(g.download(r),R,equal_nan=True), "
+        "'select differs'")
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "STEREOCLI_SIM_LANES": "4"}
     r = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
 
 
+def select_on_gpu(agg, *args):
+    left, right = GPU.select(agg, *args)
+    return GPU.download(left), (None if right is None else GPU.download(right))
+
+
 @pytest.mark.parametrize("uniq,subpix", [(0.0, False), (10.0, True)])
-def test_wta_bit_exact(rng, uniq, subpix):
-    S = rng.integers(0, 3000, (5, 12, 8)).astype(np.uint16)
-    np.testing.assert_array_equal(on_gpu("wta", S, -1, uniq, subpix), on_cpu("wta", S, -1, uniq, subpix))
-    np.testing.assert_array_equal(on_gpu("wta_right", S, -1), on_cpu("wta_right", S, -1))
+@pytest.mark.parametrize("min_d", [-1, 3])
+def test_select_bit_exact(rng, uniq, subpix, min_d):
+    """Left and right winner-takes-all on an aggregated volume (uint16 and uint8)."""
+    for S in (rng.integers(0, 3000, (5, 12, 8)).astype(np.uint16), rng.integers(0, 256, (4, 9, 7)).astype(np.uint8)):
+        got = select_on_gpu(GPU.upload(S), min_d, uniq, subpix, True)
+        want = CPU.select(S, min_d, uniq, subpix, True)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+    assert select_on_gpu(GPU.upload(S), min_d, uniq, subpix, False)[1] is None
+
+
+@pytest.mark.parametrize("ndisp", [8, 7])
+def test_select_adds_the_sgm_directions(rng, ndisp):
+    """Selection straight from the unsummed SGM direction volumes (packed when D % 4 == 0)."""
+    C = rng.integers(0, 256, (6, 11, ndisp)).astype(np.uint8)
+    G = rng.integers(0, 256, (6, 11)).astype(np.uint8)
+    got = select_on_gpu(GPU.sgm(GPU.upload(C), GPU.upload(G), 20, 200, True, 8), -2, 10.0, True, True)
+    want = CPU.select(CPU.sgm(C, G, 20, 200, True, 8), -2, 10.0, True, True)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+
+
+@pytest.mark.skipif(not REAL_GPU, reason="needs a real GPU: wide rows, many disparities")
+@pytest.mark.parametrize("w,ndisp,min_d", [(4500, 64, -20), (300, 256, 0), (200, 130, 5), (5000, 40, 30)])
+def test_select_bit_exact_on_wide_rows(rng, w, ndisp, min_d):
+    """Rows wider than one block's segment of right pixels, and up to 256 disparities."""
+    C = rng.integers(0, 256, (3, w, ndisp)).astype(np.uint8)
+    G = rng.integers(0, 256, (3, w)).astype(np.uint8)
+    got = select_on_gpu(GPU.sgm(GPU.upload(C), GPU.upload(G), 20, 200, True, 4), min_d, 5.0, True, True)
+    want = CPU.select(CPU.sgm(C, G, 20, 200, True, 4), min_d, 5.0, True, True)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
 
 
 def noisy_map(rng, h=12, w=15):

@@ -67,15 +67,16 @@ def test_sgm_matches_reference(rng, paths, adaptive):
 @pytest.mark.parametrize("uniq,subpix", [(0.0, False), (10.0, True), (40.0, True)])
 def test_wta_matches_reference(rng, min_d, uniq, subpix):
     S = rng.integers(0, 3000, (6, 12, 8)).astype(np.uint16)
-    np.testing.assert_array_equal(BK.wta(S, min_d, uniq, subpix), ref.wta(S, min_d, uniq, subpix))
-    np.testing.assert_array_equal(BK.wta_right(S, min_d), ref.wta_right(S, min_d))
+    left, right = BK.select(S, min_d, uniq, subpix, True)
+    np.testing.assert_array_equal(left, ref.wta(S, min_d, uniq, subpix))
+    np.testing.assert_array_equal(right, ref.wta_right(S, min_d))
 
 
 def test_subpixel_recovers_parabola_vertex():
     d = np.arange(8)
     S = (10 * (d - 3.3) ** 2 + 50).round().astype(np.uint16).reshape(1, 1, 8)
     S = np.repeat(S, 10, axis=1)  # 10 columns so x - d stays inside the image
-    disp = BK.wta(S, 0, 0.0, True)
+    disp, _ = BK.select(S, 0, 0.0, True, False)
     assert abs(disp[0, 9] - 3.3) < 0.05
 
 

@@ -74,11 +74,10 @@ class CpuBackend:
         return 2
 
     # selection
-    def wta(self, s, min_d, uniqueness, subpixel):
-        return select.wta_cpu(s, min_d, np.float32(uniqueness), subpixel)
-
-    def wta_right(self, s, min_d):
-        return select.wta_right_cpu(s, min_d)
+    def select(self, s, min_d, uniqueness, subpixel, right):
+        """(left disparity, right disparity or None) by winner-takes-all."""
+        return (select.wta_cpu(s, min_d, np.float32(uniqueness), subpixel),
+                select.wta_right_cpu(s, min_d) if right else None)
 
     # refinement
     def lr_check(self, disp, disp_r, max_diff):

@@ -33,6 +33,19 @@ def _grid1(n, tpb=K.TPB):
     return (max(1, (n + tpb - 1) // tpb),), (tpb,)
 
 
+class PathVolumes:
+    """The result of CudaBackend.sgm: one uint16 volume per path direction, shape
+    (directions, h, w, n), not yet added; `vec`: written as packed uint64 words."""
+
+    def __init__(self, sp, vec):
+        self.sp = sp
+        self.vec = vec
+
+    @property
+    def shape(self):
+        return self.sp.shape[1:]
+
+
 class CudaBackend:
     name = "cuda"
 
@@ -75,6 +88,8 @@ class CudaBackend:
         return out
 
     def download(self, a):
+        if isinstance(a, PathVolumes):
+            a = self.sum_paths(a)
         host = a.copy_to_host(stream=self.stream)
         self.stream.synchronize()
         return host
@@ -89,6 +104,12 @@ class CudaBackend:
     def _launch2(self, kernel, h, w, *args):
         g, b = _grid2(h, w)
         kernel[g, b, self.stream](*args)
+
+    def _launch_rows(self, kernel, h, row, *args):
+        """A volume kernel (cuda_kernels._volume_index): one grid row per image row of `row` elements."""
+        if h > 65535:
+            raise StereoError(f"the GPU kernels take images up to 65535 rows, not {h}; use --device cpu")
+        kernel[((row + K.TPB - 1) // K.TPB, h), K.TPB, self.stream](*args)
 
     def _launch1(self, kernel, n, *args):
         g, b = _grid1(n)
@@ -120,14 +141,17 @@ class CudaBackend:
     def census_volume(self, left, right, min_d, ndisp, wx, wy):
         h, w = left.shape
         cl, cr = self._empty((h, w), np.uint64), self._empty((h, w), np.uint64)
-        self._launch2(K.census_kernel, h, w, left, wx, wy, cl)
-        self._launch2(K.census_kernel, h, w, right, wx, wy, cr)
+        census = K.census_kernel_for(wx, wy)
+        self._launch2(census, h, w, left, cl)
+        self._launch2(census, h, w, right, cr)
         vol = self._empty((h, w, ndisp), np.uint8)
         scale = self._census_scale(wx * wy - 1)
-        if ndisp % 4 == 0 and not K.SIM:
-            self._launch1(K.census_volume4_kernel, h * w * ndisp // 4, cl, cr, min_d, scale, vol.view(np.uint32))
+        if ndisp % 8 == 0 and not K.SIM:
+            self._launch_rows(K.census_volume8_kernel, h, w * ndisp // 8, cl, cr, min_d, scale, vol.view(np.uint64))
+        elif ndisp % 4 == 0 and not K.SIM:
+            self._launch_rows(K.census_volume4_kernel, h, w * ndisp // 4, cl, cr, min_d, scale, vol.view(np.uint32))
         else:
-            self._launch1(K.census_volume_kernel, h * w * ndisp, cl, cr, min_d, scale, vol)
+            self._launch_rows(K.census_volume_kernel, h, w * ndisp, cl, cr, min_d, scale, vol)
         return vol
 
     def _census_scale(self, nbits):
@@ -139,7 +163,7 @@ class CudaBackend:
     def diff_volume(self, left, right, min_d, ndisp, kind):
         h, w = left.shape
         vol = self._empty((h, w, ndisp), np.float32)
-        self._launch1(K.diff_volume_kernel, h * w * ndisp, left, right, min_d, kind, vol)
+        self._launch_rows(K.diff_volume_kernel, h, w * ndisp, left, right, min_d, kind, vol)
         return vol
 
     def box_mean(self, vol, rx, ry):
@@ -153,13 +177,13 @@ class CudaBackend:
     def finalize_volume(self, m, min_d, kind, ml, ml2, mr, mr2):
         h, w, n = m.shape
         vol = self._empty((h, w, n), np.uint8)
-        self._launch1(K.finalize_kernel, h * w * n, m, min_d, kind, ml, ml2, mr, mr2, vol)
+        self._launch_rows(K.finalize_kernel, h, w * n, m, min_d, kind, ml, ml2, mr, mr2, vol)
         return vol
 
     def table_volume(self, ql, qr, table, min_d, ndisp):
         h, w = ql.shape
         vol = self._empty((h, w, ndisp), np.uint8)
-        self._launch1(K.table_volume_kernel, h * w * ndisp, ql, qr, table, min_d, vol)
+        self._launch_rows(K.table_volume_kernel, h, w * ndisp, ql, qr, table, min_d, vol)
         return vol
 
     def joint_histogram(self, ql, qr, disp):
@@ -177,6 +201,7 @@ class CudaBackend:
         return out
 
     def sgm(self, vol, guide, p1, p2, adaptive, paths):
+        """-> PathVolumes: the direction volumes, added by `select` as it reads them."""
         h, w, n = vol.shape
         if n > K.MAX_SGM_DISPARITIES:
             raise StereoError(f"the CUDA SGM handles at most {K.MAX_SGM_DISPARITIES} disparities, not {n}; "
@@ -188,16 +213,26 @@ class CudaBackend:
         per_block = K.sgm_lines_per_block(G)
         blocks = (starts.shape[0] + per_block - 1) // per_block
         threads = G if K.SIM else 32 * K.SGM_WARPS
-        flat = h * w * n // 4 if vec else h * w * n  # the kernel addresses the volumes as flat words
-        c4 = (vol.view(np.uint32) if vec else vol).reshape(flat)
-        s4 = (sp.view(np.uint64) if vec else sp).reshape(sp.shape[0], flat)
-        kernel[blocks, threads, self.stream](vol, c4, guide, p1, self._p2_table(p1, p2, adaptive), sp, s4, dirs,
-                                             starts)
+        c1 = vol.view(np.uint32).reshape(vol.size // 4) if vec else vol.reshape(vol.size)  # flat
+        kernel[blocks, threads, self.stream](c1, guide.reshape(h * w), h, w, n, p1,
+                                             self._p2_table(p1, p2, adaptive), self._rows(sp, vec), dirs, starts)
+        return PathVolumes(sp, vec)
+
+    @staticmethod
+    def _rows(sp, vec):
+        """Direction volumes (k, h, w, n) as k flat rows: of uint64 words of four values (vec), or of values."""
+        v = sp.view(np.uint64) if vec else sp
+        return v.reshape(v.shape[0], v.size // v.shape[0])
+
+    def sum_paths(self, paths):
+        """The summed aggregation volume (h, w, n) uint16 of a PathVolumes (for tests and downloads)."""
+        sp = paths.sp
+        _, h, w, n = sp.shape
         s = self._empty((h, w, n), np.uint16)
-        if vec:
-            self._launch1(K.sgm_sum4_kernel, h * w * n // 4, sp.view(np.uint64), s.view(np.uint64))
+        if paths.vec:
+            self._launch_rows(K.sgm_sum4_kernel, h, w * n // 4, sp.view(np.uint64), s.view(np.uint64))
         else:
-            self._launch1(K.sgm_sum_kernel, h * w * n, sp, s)
+            self._launch_rows(K.sgm_sum_kernel, h, w * n, sp, s)
         return s
 
     def _p2_table(self, p1, p2, adaptive):
@@ -234,21 +269,26 @@ class CudaBackend:
         return steps + 1
 
     def sgm_bytes_per_element(self, paths):
-        return 2 * (paths + 1)  # one uint16 volume per direction and their sum
+        return 2 * paths  # one uint16 volume per direction; their sum is never stored
 
     # ------------------------------------------------------------ selection
-    def wta(self, s, min_d, uniqueness, subpixel):
-        h, w, _ = s.shape
+    def select(self, agg, min_d, uniqueness, subpixel, right):
+        """(left disparity, right disparity or None) from an aggregated volume or the
+        PathVolumes of sgm, in one pass (cuda_kernels._make_select_kernel)."""
+        if isinstance(agg, PathVolumes):
+            V, vec = self._rows(agg.sp, agg.vec), agg.vec
+        else:
+            V, vec = agg.reshape(1, agg.size), False
+        h, w, n = agg.shape
+        shift = max(1, int(n - 1).bit_length())  # key = cost << shift | d, cost < 2**16
+        if shift > 15:
+            raise StereoError(f"the CUDA selection takes at most 32768 disparities, not {n}; use --device cpu")
         out = self._empty((h, w), np.float32)
-        blocks = (h * w + K.SGM_WARPS - 1) // K.SGM_WARPS
-        K.wta_kernel[blocks, K.SGM_LANES * K.SGM_WARPS, self.stream](s, min_d, np.float32(uniqueness), subpixel, out)
-        return out
-
-    def wta_right(self, s, min_d):
-        h, w, _ = s.shape
-        out = self._empty((h, w), np.float32)
-        self._launch2(K.wta_right_kernel, h, w, s, min_d, out)
-        return out
+        out_r = self._empty((h, w), np.float32) if right else out
+        grid = ((w + K.SELECT_SEGMENT - 1) // K.SELECT_SEGMENT, h)
+        K.select_kernel_for(vec, n)[grid, K.SGM_LANES * K.SELECT_WARPS, self.stream](
+            V, V.shape[0], w, n, shift, min_d, np.float32(uniqueness), bool(subpixel), bool(right), out, out_r)
+        return out, (out_r if right else None)
 
     # ------------------------------------------------------------ refinement
     def lr_check(self, disp, disp_r, max_diff):

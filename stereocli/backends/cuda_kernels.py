@@ -51,7 +51,6 @@ finalize_at = _dev(_cost.finalize_at)
 sgm_value = _dev(_agg.sgm_value)
 wta_range = _dev(_sel.wta_range)
 wta_finish = _dev(_sel.wta_finish)
-wta_right_at = _dev(_sel.wta_right_at)
 lr_check_at = _dev(_ref.lr_check_at)
 median_at = _dev(_ref.median_at)
 fill_row_at = _dev(_ref.fill_row_at)
@@ -108,6 +107,16 @@ if SIM:
         r = scratch[w, lane + 1] if lane < SGM_LANES - 1 else int32(BIG)
         cuda.syncthreads()
         return r
+
+    @cuda.jit(device=True)
+    def from_lane(v, src, scratch, w, lane):
+        if SGM_LANES == 1:
+            return v
+        scratch[w, lane] = v
+        cuda.syncthreads()
+        r = scratch[w, src]
+        cuda.syncthreads()
+        return r
 else:
     @cuda.jit(device=True, inline=True)
     def warp_min(v, scratch, w, lane):
@@ -128,12 +137,20 @@ else:
         r = cuda.shfl_down_sync(0xFFFFFFFF, v, 1)
         return r if lane < 31 else int32(BIG)
 
+    @cuda.jit(device=True, inline=True)
+    def from_lane(v, src, scratch, w, lane):
+        return cuda.shfl_sync(0xFFFFFFFF, v, src)
+
 
 @cuda.jit(device=True, inline=True)
-def _volume_index(i, w, n):
-    """Flat index of an element of a (h, w, n) volume -> (y, x, d); d varies fastest,
-    so consecutive threads touch consecutive bytes."""
-    return i // (n * w), (i // n) % w, i % n
+def _volume_index(w, n):
+    """(y, x, d, inside) of this thread's element of a (h, w, n) volume, d fastest (so
+    consecutive threads touch consecutive bytes), launched by CudaBackend._launch_rows:
+    one grid row per image row, the division in unsigned 32 bits (a 64-bit one costs
+    more than the element's work)."""
+    i = uint32(cuda.blockIdx.x) * uint32(cuda.blockDim.x) + uint32(cuda.threadIdx.x)
+    x = i // uint32(n)
+    return int32(cuda.blockIdx.y), int32(x), int32(i - x * uint32(n)), x < uint32(w)
 
 
 # ------------------------------------------------------------- preprocessing
@@ -181,39 +198,77 @@ def subtract_mean_kernel(img, mean, out):
 
 
 # ------------------------------------------------------------- costs
+_CENSUS_KERNELS = {}
+
+
+def census_kernel_for(wx, wy):
+    """The census kernel of one window size: with constant loop bounds the window's
+    reads unroll and overlap (with the bounds as arguments, one read at a time)."""
+    if (wx, wy) not in _CENSUS_KERNELS:
+        @cuda.jit(cache=True)
+        def census_kernel(img, out):
+            x, y = cuda.grid(2)
+            if y < img.shape[0] and x < img.shape[1]:
+                out[y, x] = census_at(img, y, x, wx, wy)
+        _CENSUS_KERNELS[(wx, wy)] = census_kernel
+    return _CENSUS_KERNELS[(wx, wy)]
+
+
+@cuda.jit(device=True, inline=True)
+def _census_word(a, crow, xr0, w, tab, count):
+    """`count` census costs packed in bytes: of the left string a against the right row's
+    strings at xr0, xr0 - 1, ... (255 outside the image); the Hamming distance with the
+    popc instruction (the CPU's census_cost_value counts the bits in software: the same
+    number), scaled by the table tab."""
+    word = uint32(0)
+    for b in range(count):
+        xr = xr0 - b
+        v = uint32(255)
+        if xr >= 0 and xr < w:
+            v = tab[cuda.popc(a ^ crow[uint32(xr)])]
+        word |= v << uint32(8 * b)
+    return word
+
+
+@cuda.jit(device=True, inline=True)
+def _shared_scale(scale):
+    tab = cuda.shared.array(65, uint32)
+    for i in range(cuda.threadIdx.x, 65, cuda.blockDim.x):
+        tab[i] = scale[i]
+    cuda.syncthreads()
+    return tab
+
+
 @cuda.jit(cache=True)
-def census_kernel(img, wx, wy, out):
-    x, y = cuda.grid(2)
-    if y < img.shape[0] and x < img.shape[1]:
-        out[y, x] = census_at(img, y, x, wx, wy)
+def census_volume8_kernel(cl, cr, min_d, scale, vol8):
+    """The census volume eight disparities per thread, written as one uint64 (D % 8 == 0)."""
+    tab = _shared_scale(scale)
+    h, w, n8 = vol8.shape
+    y, x, wi, inside = _volume_index(w, n8)
+    if inside:
+        a = cl[y, x]
+        crow = cr[y]
+        xr0 = int32(x - min_d - 8 * wi)
+        lo = _census_word(a, crow, xr0, w, tab, 4)
+        hi = _census_word(a, crow, xr0 - 4, w, tab, 4)
+        vol8[y, x, wi] = uint64(lo) | (uint64(hi) << uint64(32))
 
 
 @cuda.jit(cache=True)
 def census_volume4_kernel(cl, cr, min_d, scale, vol4):
-    """The census volume four disparities per thread, written as one uint32 (D % 4 == 0);
-    the Hamming distance with the popc instruction (the CPU's census_cost_value counts
-    the bits in software: the same number)."""
-    i = cuda.grid(1)
+    """The census volume four disparities per thread, written as one uint32 (D % 4 == 0)."""
+    tab = _shared_scale(scale)
     h, w, n4 = vol4.shape
-    if i < h * w * n4:
-        y, x, wi = _volume_index(i, w, n4)
-        a = cl[y, x]
-        word = uint32(0)
-        for b in range(4):
-            xr = x - min_d - (4 * wi + b)
-            v = uint32(255)
-            if xr >= 0 and xr < w:
-                v = uint32(scale[cuda.popc(a ^ cr[y, xr])])
-            word |= v << uint32(8 * b)
-        vol4[y, x, wi] = word
+    y, x, wi, inside = _volume_index(w, n4)
+    if inside:
+        vol4[y, x, wi] = _census_word(cl[y, x], cr[y], int32(x - min_d - 4 * wi), w, tab, 4)
 
 
 @cuda.jit(cache=True)
 def census_volume_kernel(cl, cr, min_d, scale, vol):
-    i = cuda.grid(1)
     h, w, n = vol.shape
-    if i < h * w * n:
-        y, x, d = _volume_index(i, w, n)
+    y, x, d, inside = _volume_index(w, n)
+    if inside:
         xr = x - min_d - d
         if xr >= 0 and xr < w:
             vol[y, x, d] = census_cost_value(cl[y, x], cr[y, xr], scale)
@@ -223,10 +278,9 @@ def census_volume_kernel(cl, cr, min_d, scale, vol):
 
 @cuda.jit(cache=True)
 def diff_volume_kernel(L, R, min_d, kind, vol):
-    i = cuda.grid(1)
     h, w, n = vol.shape
-    if i < h * w * n:
-        y, x, d = _volume_index(i, w, n)
+    y, x, d, inside = _volume_index(w, n)
+    if inside:
         xr = min(max(x - min_d - d, 0), w - 1)
         vol[y, x, d] = pixel_diff(L, R, y, x, xr, kind)
 
@@ -264,19 +318,17 @@ def box_y_kernel(T, ry, inv, out):
 
 @cuda.jit(cache=True)
 def finalize_kernel(M, min_d, kind, ml, ml2, mr, mr2, vol):
-    i = cuda.grid(1)
     h, w, n = M.shape
-    if i < h * w * n:
-        y, x, d = _volume_index(i, w, n)
+    y, x, d, inside = _volume_index(w, n)
+    if inside:
         vol[y, x, d] = finalize_at(M, y, x, d, min_d, kind, ml, ml2, mr, mr2)
 
 
 @cuda.jit(cache=True)
 def table_volume_kernel(ql, qr, table, min_d, vol):
-    i = cuda.grid(1)
     h, w, n = vol.shape
-    if i < h * w * n:
-        y, x, d = _volume_index(i, w, n)
+    y, x, d, inside = _volume_index(w, n)
+    if inside:
         xr = x - min_d - d
         if xr >= 0 and xr < w:
             vol[y, x, d] = table[ql[y, x], qr[y, xr]]
@@ -359,85 +411,79 @@ def _make_sgm_kernel(G, K, vec):
     """The SGM line kernel for groups of G lanes, each lane holding K disparities in
     registers (a group covers G * K disparities). `vec`: the cost volume is read as
     uint32 words (4 costs) and the path volume written as uint64 words (4 values),
-    which needs D % 4 == 0 and K % 4 == 0."""
+    which needs D % 4 == 0 and K % 4 == 0.
+
+    The volumes and the guide are flat: a walk keeps the flat index of its pixel and of
+    its lane's first word there, and steps them by constant strides (unsigned indices,
+    so no per-access multiply or negative-index fix-up)."""
     GROUPS = 1 if SIM else 32 // G  # path lines per warp
     group_min, from_below, from_above = _group_exchange(G)
 
     @cuda.jit(device=True, inline=True)
-    def load(C, C4, y, x, wd, d0, n, c):
-        """The costs of pixel (y, x) into c (C4: the volume as flat uint32 words)."""
+    def load(C1, off, nk, c):
+        """The costs of one pixel into c: off is the flat index of this lane's first
+        cost (vec: its first uint32 word) there; nk of its K disparities exist."""
         if vec:
-            base = (y * wd + x) * (n >> 2)
             for i in range(K // 4):
-                wi = (d0 >> 2) + i
-                word = C4[base + wi] if wi < (n >> 2) else uint32(0)
+                word = C1[uint64(off + i)] if 4 * i < nk else uint32(0)
                 for b in range(4):
                     c[4 * i + b] = int32((word >> uint32(8 * b)) & uint32(0xFF))
         else:
             for j in range(K):
-                d = d0 + j
-                c[j] = int32(C[y, x, d]) if d < n else int32(0)
+                c[j] = int32(C1[uint64(off + j)]) if j < nk else int32(0)
 
     @cuda.jit(device=True, inline=True)
-    def store(S, S4, y, x, wd, d0, n, v):
+    def store(S1, off, nk, v):
         if vec:
-            base = (y * wd + x) * (n >> 2)
             for i in range(K // 4):
-                wi = (d0 >> 2) + i
-                if wi < (n >> 2):
-                    S4[base + wi] = (uint64(v[4 * i] & 0xFFFF) | (uint64(v[4 * i + 1] & 0xFFFF) << uint64(16))
-                                    | (uint64(v[4 * i + 2] & 0xFFFF) << uint64(32))
-                                    | (uint64(v[4 * i + 3] & 0xFFFF) << uint64(48)))
+                if 4 * i < nk:
+                    S1[uint64(off + i)] = (uint64(v[4 * i] & 0xFFFF) | (uint64(v[4 * i + 1] & 0xFFFF) << uint64(16))
+                                           | (uint64(v[4 * i + 2] & 0xFFFF) << uint64(32))
+                                           | (uint64(v[4 * i + 3] & 0xFFFF) << uint64(48)))
         else:
             for j in range(K):
-                d = d0 + j
-                if d < n:
-                    S[y, x, d] = v[j]
+                if j < nk:
+                    S1[uint64(off + j)] = v[j]
 
     @cuda.jit(device=True, inline=True)
-    def begin(C, C4, guide, S, S4, y, x, dx, dy, length, d0, n, cur, c, cn, scratch, w, gl):
-        """First pixel of a path: L = C there; starts the loads of the next pixel's costs
+    def begin(C1, G1, S1, p, pstep, off, stride, length, nk, cur, c, cn, scratch, w, gl):
+        """First pixel of a path (flat index p, lane offset off; the next pixel is at
+        p + pstep, off + stride): L = C there; starts the loads of the next pixel's costs
         (into cn) and guide value. Returns (min L of the group, guide here, guide at the
         next pixel)."""
-        wd = guide.shape[1]
         g = int32(0)
         gn = int32(0)
         if length > 0:
-            g = int32(guide[y, x])
+            g = int32(G1[uint64(p)])
+            load(C1, off, nk, c)
         if length > 1:
-            gn = int32(guide[y + dy, x + dx])
-        if length > 0:
-            load(C, C4, y, x, wd, d0, n, c)
-        if length > 1:
-            load(C, C4, y + dy, x + dx, wd, d0, n, cn)
+            gn = int32(G1[uint64(p + pstep)])
+            load(C1, off + stride, nk, cn)
         m = int32(BIG)
         for j in range(K):
-            v = c[j] if d0 + j < n else int32(BIG)
+            v = c[j] if j < nk else int32(BIG)
             cur[j] = v
             m = min(m, v)
         if length > 0:
-            store(S, S4, y, x, wd, d0, n, cur)
+            store(S1, off, nk, cur)
         return group_min(m, scratch, w, gl), g, gn
 
     @cuda.jit(device=True, inline=True)
-    def advance(C, C4, guide, p1, p2tab, S, S4, y, x, dx, dy, s, length, d0, n, m, gp, g, prev, cur,
+    def advance(C1, G1, p1, p2tab, S1, p, pstep, off, stride, s, length, nk, m, gp, g, prev, cur,
                 c, cn, scratch, w, gl):
-        """Step s of a path, at pixel (y, x) coming from (y - dy, x - dx): cur = SGM update
-        of prev with the costs loaded a step ago; starts the load of the next pixel's
-        (deeper prefetch measured no faster on an H100). A group past the end of its line computes
-        but loads and stores nothing (the shuffles need every lane of the warp).
+        """Step s of a path, at the pixel (p, off): cur = SGM update of prev with the
+        costs loaded a step ago; starts the load of the next pixel's (deeper prefetch
+        measured no faster on an H100). A group past the end of its line computes but
+        loads and stores nothing (the shuffles need every lane of the warp).
         gp, g: the guide values of the previous and this pixel (loaded a step ahead, like
         the costs). Returns (min cur of the group, g, the next pixel's guide value)."""
-        wd = guide.shape[1]
-        active = s < length
         for j in range(K):
             prev[j] = cur[j]
             c[j] = cn[j]
-        if s + 1 < length:
-            load(C, C4, y + dy, x + dx, wd, d0, n, cn)
         gn = int32(0)
         if s + 1 < length:
-            gn = int32(guide[y + dy, x + dx])
+            load(C1, off + stride, nk, cn)
+            gn = int32(G1[uint64(p + pstep)])
         p2e = p2tab[abs(g - gp)]  # penalty2 of every grey step, tabulated by the host
         lo0 = from_below(prev[K - 1], scratch, w, gl)
         hiK = from_above(prev[0], scratch, w, gl)
@@ -446,11 +492,11 @@ def _make_sgm_kernel(G, K, vec):
             lo = prev[j - 1] if j > 0 else lo0
             hi = prev[j + 1] if j + 1 < K else hiK
             v = sgm_value(c[j], prev[j], lo, hi, m, p1, p2e)
-            v = v if d0 + j < n else int32(BIG)
+            v = v if j < nk else int32(BIG)
             cur[j] = v
             mloc = min(mloc, v)
-        if active:
-            store(S, S4, y, x, wd, d0, n, cur)
+        if s < length:
+            store(S1, off, nk, cur)
         return group_min(mloc, scratch, w, gl), g, gn
 
     @cuda.jit(device=True, inline=True)
@@ -474,13 +520,14 @@ def _make_sgm_kernel(G, K, vec):
             v = max(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, off))
         return v
 
-    @cuda.jit(cache=True)
-    def sgm_lines_kernel(C, C4, guide, p1, p2table, Sd, Sd4, dirs, starts):
+    @cuda.jit(cache=True, **_REGS("STEREOCLI_SGM_REGS", SGM_REGISTER_CAP.get(K, 0)))
+    def sgm_lines_kernel(C1, G1, h, wd, n, p1, p2table, Sd1, dirs, starts):
         """All path lines of all direction pairs in one launch, GROUPS lines per warp
         (starts[i] = (y, x, pair q), longest first). Pair q = dirs[q] = (dx, dy) walks the
-        line along r into Sd[2q] and, at the same time, back along -r into Sd[2q + 1]:
-        only stores, and no two groups write the same element. sgm_sum_kernel adds the
-        direction volumes."""
+        line along r into Sd1[2q] and, at the same time, back along -r into Sd1[2q + 1]:
+        only stores, and no two groups write the same element. C1, G1, Sd1[k]: the cost
+        volume (vec: as uint32 words), the guide and the path volumes (vec: as uint64
+        words), flat. The direction volumes are added by the selection kernel."""
         scratch = cuda.shared.array((SGM_WARPS, SGM_LANES), int32)  # the simulator's exchange
         p2tab = cuda.shared.array(256, int32)
         for i in range(cuda.threadIdx.x, 256, cuda.blockDim.x):
@@ -508,8 +555,7 @@ def _make_sgm_kernel(G, K, vec):
         line = first + grp
         valid = line < nlines
         li = line if valid else first
-        h, wd = guide.shape
-        n = C.shape[2]
+        p1i = int32(p1)  # a new name: rebinding p1 would unify back to int64
         y0 = starts[li, 0]
         x0 = starts[li, 1]
         q = starts[li, 2]
@@ -518,32 +564,46 @@ def _make_sgm_kernel(G, K, vec):
         length = line_length(y0, x0, dx, dy, h, wd) if valid else 0
         maxlen = warp_max(length)
         d0 = gl * K
-        ye = y0 + (length - 1) * dy
-        xe = x0 + (length - 1) * dx
-        Sf, Sf4, Sb, Sb4 = Sd[2 * q], Sd4[2 * q], Sd[2 * q + 1], Sd4[2 * q + 1]
+        nk = int32(n - d0)  # how many of this lane's K disparities exist
+        per = n >> 2 if vec else n  # words (vec) or costs per pixel
+        first_word = d0 >> 2 if vec else d0
+        pstep = dy * wd + dx  # flat step of the forward walk
+        stride = pstep * per
+        p = y0 * wd + x0
+        pb = (y0 + (length - 1) * dy) * wd + x0 + (length - 1) * dx  # the last pixel: start of the walk back
+        off = p * per + first_word
+        offb = pb * per + first_word
+        Sf, Sb = Sd1[2 * q], Sd1[2 * q + 1]
         # the two walks are independent chains: stepping them together hides each one's latency
-        m, gp, g = begin(C, C4, guide, Sf, Sf4, y0, x0, dx, dy, length, d0, n, cur, c, cn, scratch, w, gl)
-        m2, gp2, g2 = begin(C, C4, guide, Sb, Sb4, ye, xe, -dx, -dy, length, d0, n, cur2, c2, cn2, scratch, w,
-                            gl)
-        y, x, yb, xb = y0, x0, ye, xe
+        m, gp, g = begin(C1, G1, Sf, p, pstep, off, stride, length, nk, cur, c, cn, scratch, w, gl)
+        m2, gp2, g2 = begin(C1, G1, Sb, pb, -pstep, offb, -stride, length, nk, cur2, c2, cn2, scratch, w, gl)
         for s in range(1, maxlen):
-            y += dy
-            x += dx
-            yb -= dy
-            xb -= dx
-            m, gp, g = advance(C, C4, guide, p1, p2tab, Sf, Sf4, y, x, dx, dy, s, length, d0, n, m,
-                               gp, g, prev, cur, c, cn, scratch, w, gl)
-            m2, gp2, g2 = advance(C, C4, guide, p1, p2tab, Sb, Sb4, yb, xb, -dx, -dy, s, length, d0, n,
-                                  m2, gp2, g2, prev2, cur2, c2, cn2, scratch, w, gl)
+            p += pstep
+            off += stride
+            pb -= pstep
+            offb -= stride
+            m, gp, g = advance(C1, G1, p1i, p2tab, Sf, p, pstep, off, stride, s, length, nk, m, gp, g,
+                               prev, cur, c, cn, scratch, w, gl)
+            m2, gp2, g2 = advance(C1, G1, p1i, p2tab, Sb, pb, -pstep, offb, -stride, s, length, nk, m2, gp2, g2,
+                                  prev2, cur2, c2, cn2, scratch, w, gl)
 
     return sgm_lines_kernel
 
 
+def _REGS(var, default=0):
+    """A register cap (cuda.jit's max_registers; 0 = the compiler's choice), with a
+    tuning knob in the environment variable `var`."""
+    r = int(os.environ.get(var, default))
+    return {"max_registers": r} if r and not SIM else {}
+
+
 _SGM_KERNELS = {}
-# Disparities per lane K: the smallest of 4, 8, 16 with 16 * K >= D, so that a group
-# has at most 16 lanes (two or more lines per warp) and each lane enough independent
-# work. Measured on an H100 (benchmarks/gpu.py with STEREOCLI_SGM_K=4/8/16 forcing K):
-# K = 16 wins only at 256 disparities; K = 4 and 8 are within 5 % of each other below.
+# Disparities per lane K: 4 up to 128 disparities (one to 32 lanes per line), 16 above.
+# Measured on an H100 (benchmarks/gpu.py; STEREOCLI_SGM_K=4/8/16 forces K and
+# STEREOCLI_SGM_REGS the register cap): at 128 disparities K = 4 capped at 64 registers
+# (28 warps per SM instead of 16 for K = 8) is 13 % (KITTI) and 10 % (1080p, 8 paths)
+# faster than K = 8; K = 16 wins at 256 disparities.
+SGM_REGISTER_CAP = {4: 64}
 
 
 def sgm_kernel_for(ndisp):
@@ -551,7 +611,7 @@ def sgm_kernel_for(ndisp):
     if SIM:
         G, K = SGM_LANES, SGM_K
     else:
-        K = int(os.environ.get("STEREOCLI_SGM_K", "0")) or next((k for k in (4, 8) if 16 * k >= ndisp), 16)
+        K = int(os.environ.get("STEREOCLI_SGM_K", "0")) or (4 if ndisp <= 128 else 16)
         G = 1
         while G * K < ndisp:
             G *= 2
@@ -572,10 +632,9 @@ def sgm_sum4_kernel(Sp4, S4):
     """The direction volumes added four disparities at a time as packed uint64 words:
     exact, because a sum never exceeds 65535 (config bounds paths * (255 + P2)), so no
     carry crosses from one 16-bit value into the next."""
-    i = cuda.grid(1)
     npairs, h, w, n4 = Sp4.shape
-    if i < h * w * n4:
-        y, x, wi = _volume_index(i, w, n4)
+    y, x, wi, inside = _volume_index(w, n4)
+    if inside:
         acc = uint64(0)
         for q in range(npairs):
             acc += Sp4[q, y, x, wi]
@@ -584,10 +643,9 @@ def sgm_sum4_kernel(Sp4, S4):
 
 @cuda.jit(cache=True)
 def sgm_sum_kernel(Sp, S):
-    i = cuda.grid(1)
     npairs, h, w, n = Sp.shape
-    if i < h * w * n:
-        y, x, d = _volume_index(i, w, n)
+    y, x, d, inside = _volume_index(w, n)
+    if inside:
         acc = int32(0)
         for q in range(npairs):
             acc += Sp[q, y, x, d]
@@ -595,47 +653,153 @@ def sgm_sum_kernel(Sp, S):
 
 
 # ------------------------------------------------------------- selection
-@cuda.jit(cache=True)
-def wta_kernel(S, min_d, uniqueness, subpixel, out):
-    """One warp per pixel (one lane group in the simulator): the lanes stride over d,
-    then reduce (cost << 32 | d) with shuffles, which gives the smallest cost and its
-    first index at once; the same for the uniqueness test's runner-up. Lane 0 ends
-    with the CPU's wta_finish."""
-    scratch = cuda.shared.array((SGM_WARPS, SGM_LANES), int64)
-    w = cuda.threadIdx.x // SGM_LANES
-    lane = cuda.threadIdx.x % SGM_LANES
-    pix = cuda.blockIdx.x * SGM_WARPS + w
-    h, wd, n = S.shape
-    if pix >= h * wd:
-        return  # a whole warp: every lane has the same pixel
-    y = pix // wd
-    x = pix % wd
-    lo, hi = wta_range(wd, n, x, min_d)
-    if hi < lo:
-        if lane == 0:
-            out[y, x] = float32(math.nan)
-        return
-    key = int64(0x7FFFFFFFFFFFFFFF)
-    for d in range(lo + lane, hi + 1, SGM_LANES):
-        key = min(key, (int64(S[y, x, d]) << int64(32)) | int64(d))
-    key = warp_min(key, scratch, w, lane)
-    best = int32(key & int64(0xFFFFFFFF))
-    bc = int32(key >> int64(32))
-    other = int64(0x7FFFFFFF)
-    if uniqueness > float32(0.0):
-        for d in range(lo + lane, hi + 1, SGM_LANES):
-            if d < best - 1 or d > best + 1:
-                other = min(other, int64(S[y, x, d]))
-        other = warp_min(other, scratch, w, lane)
-    if lane == 0:
-        out[y, x] = wta_finish(S, y, x, best, bc, int32(other), lo, hi, min_d, uniqueness, subpixel)
+SELECT_WARPS = 1 if SIM else 8  # pixel groups (warps) per block of the selection kernel
+SELECT_SEGMENT = 4096  # right pixels per block (their running minima live in shared memory)
+NO_KEY = 0x7FFFFFFF
 
 
-@cuda.jit(cache=True)
-def wta_right_kernel(S, min_d, out):
-    x, y = cuda.grid(2)
-    if y < S.shape[0] and x < S.shape[1]:
-        out[y, x] = wta_right_at(S, y, x, min_d)
+def _make_select_kernel(vec, HOLD):
+    """Winner-takes-all for the left image and, in the same pass, for the right image,
+    reading the nv direction volumes of SGM (or one aggregated volume) and adding them
+    as it goes: the sum is never stored. `vec`: uint16 volumes read as uint64 words of
+    four disparities (D % 4 == 0, D <= MAX_SGM_DISPARITIES), HOLD words per lane held in
+    registers between the two passes; otherwise one value per read, read again by the
+    second pass.
+
+    Block (segment, y) owns the right pixels xr of one segment of row y and the left
+    pixels x of the same columns. A group of SGM_LANES lanes (a warp) takes one left
+    pixel at a time, its lanes striding over d: the key cost << shift | d reduced with
+    shuffles gives the smallest cost and its first index at once (the CPU's tie rule),
+    a second pass the uniqueness runner-up, the subpixel neighbours come from the lanes
+    holding them; lane 0 ends with the CPU's wta_finish. For the right image every
+    (x, d) whose right pixel lies in the segment does an atomic min of the same key on
+    that pixel's shared slot: the first d of the smallest cost, as the CPU's
+    wta_right_at. Left pixels outside the segment (up to D - 1 + |min_d| columns beside
+    it) are visited for that alone."""
+    LANES = SGM_LANES
+    PER = 4 if vec else 1  # disparities per read
+
+    @cuda.jit(device=True, inline=True)
+    def read(V, nv, base, i):
+        """The summed costs of read i of a pixel (base: the pixel's first read in V's rows)."""
+        acc = uint64(0)
+        for v in range(nv):
+            acc += uint64(V[v, uint64(base + i)])
+        return acc
+
+    @cuda.jit(device=True, inline=True)
+    def value(acc, j):
+        """Cost j of a read (vec: 16-bit field j, in 32-bit arithmetic)."""
+        if vec:
+            half = uint32(acc >> uint64(32)) if j >= 2 else uint32(acc)
+            return int32((half >> uint32(16 * (j % 2))) & uint32(0xFFFF))
+        return int32(acc)
+
+    @cuda.jit(device=True, inline=True)
+    def held_value(held, d):
+        """This lane's candidate for cost d: field d % 4 of its held read (d // 4) // LANES
+        (the lane (d // 4) % LANES holds the right one)."""
+        k = (d >> 2) // LANES
+        acc = uint64(0)
+        for kk in range(HOLD):
+            if kk == k:
+                acc = held[kk]
+        return int32((acc >> uint64(16 * (d & 3))) & uint64(0xFFFF))
+
+    @cuda.jit(cache=True, **_REGS("STEREOCLI_SELECT_REGS", 64))  # 4 blocks per SM, not 3: 15 % faster
+    def select_kernel(V, nv, wd, n, shift, min_d, uniqueness, subpixel, right, out, out_r):
+        rkey = cuda.shared.array(SELECT_SEGMENT, int32)
+        scratch = cuda.shared.array((SELECT_WARPS, SGM_LANES), int32)  # the simulator's exchange
+        held = cuda.local.array(HOLD, uint64)
+        y = cuda.blockIdx.y
+        a = cuda.blockIdx.x * SELECT_SEGMENT  # this block's columns a..b-1
+        b = min(a + SELECT_SEGMENT, wd)
+        tid = cuda.threadIdx.x
+        w = tid // LANES
+        lane = tid % LANES
+        for i in range(tid, b - a, cuda.blockDim.x):
+            rkey[i] = NO_KEY
+        cuda.syncthreads()
+        reads = (n + PER - 1) // PER
+        mask = int32((1 << shift) - 1)
+        xs = a
+        xe = b - 1
+        if right:  # also the left pixels whose right pixel x - min_d - d can fall in a..b-1
+            xs = max(0, min(xs, a + min_d))
+            xe = min(wd - 1, max(xe, b - 1 + min_d + n - 1))
+        for x in range(xs + w, xe + 1, SELECT_WARPS):
+            lo, hi = wta_range(wd, n, x, min_d)
+            lo = int32(lo)
+            hi = int32(hi)
+            shiftx = int32(x - min_d - a)  # right pixel (in the segment) of d = 0
+            base = (y * wd + x) * reads
+            kmin = int32(NO_KEY)
+            for k in range(HOLD if vec else (reads + LANES - 1) // LANES):
+                i = int32(lane + LANES * k)
+                acc = uint64(0)
+                if i < reads:
+                    acc = read(V, nv, base, i)
+                    for j in range(PER):
+                        d = int32(PER * i + j)
+                        if d >= lo and d <= hi:
+                            key = int32((value(acc, j) << shift) | d)
+                            kmin = min(kmin, key)
+                            xr = int32(shiftx - d)
+                            if right and xr >= 0 and xr < b - a:
+                                cuda.atomic.min(rkey, xr, key)
+                if vec:
+                    held[k] = acc
+            if x >= a and x < b:  # a pixel of this block: its left disparity
+                kmin = warp_min(kmin, scratch, w, lane)
+                if hi < lo:
+                    if lane == 0:
+                        out[y, x] = float32(math.nan)
+                else:
+                    best = kmin & mask
+                    bc = kmin >> shift
+                    other = int32(NO_KEY)
+                    if uniqueness > float32(0.0):
+                        for k in range(HOLD if vec else (reads + LANES - 1) // LANES):
+                            i = int32(lane + LANES * k)
+                            if i < reads:
+                                acc = held[k] if vec else read(V, nv, base, i)
+                                for j in range(PER):
+                                    d = int32(PER * i + j)
+                                    if d >= lo and d <= hi and (d < best - 1 or d > best + 1):
+                                        other = min(other, value(acc, j))
+                        other = warp_min(other, scratch, w, lane)
+                    c0 = int32(0)
+                    c2 = int32(0)
+                    if subpixel and best > lo and best < hi:
+                        if vec:
+                            c0 = from_lane(held_value(held, best - 1), int32(((best - 1) >> 2) % LANES), scratch, w,
+                                           lane)
+                            c2 = from_lane(held_value(held, best + 1), int32(((best + 1) >> 2) % LANES), scratch, w,
+                                           lane)
+                        elif lane == 0:
+                            c0 = int32(read(V, nv, base, best - 1))
+                            c2 = int32(read(V, nv, base, best + 1))
+                    if lane == 0:
+                        out[y, x] = wta_finish(best, bc, other, c0, c2, lo, hi, min_d, uniqueness, subpixel)
+        if right:
+            cuda.syncthreads()
+            for i in range(tid, b - a, cuda.blockDim.x):
+                k = rkey[i]
+                out_r[y, a + i] = float32(math.nan) if k == NO_KEY else float32((k & mask) + min_d)
+
+    return select_kernel
+
+
+_SELECT_KERNELS = {}
+
+
+def select_kernel_for(vec, n):
+    """The selection kernel for D = n disparities; vec: packed words, each lane holding
+    ceil(D / 4 / lanes) of them."""
+    hold = (n // 4 + SGM_LANES - 1) // SGM_LANES if vec else 1
+    if (vec, hold) not in _SELECT_KERNELS:
+        _SELECT_KERNELS[(vec, hold)] = _make_select_kernel(vec, hold)
+    return _SELECT_KERNELS[(vec, hold)]
 
 
 # ------------------------------------------------------------- refinement

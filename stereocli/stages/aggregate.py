@@ -31,10 +31,12 @@ def penalty2(p1, p2, adaptive, g, g_prev):
 
 @shared
 def sgm_value(c, l_prev, l_lo, l_hi, min_prev, p1, p2):
-    """One SGM update: c + min(L(d), L(d-1)+P1, L(d+1)+P1, minL+P2) - minL (all int32)."""
-    m = min(l_prev, min(l_lo, l_hi) + p1)
-    m = min(m, min_prev + p2)
-    return c + m - min_prev
+    """One SGM update: c + min(L(d), L(d-1)+P1, L(d+1)+P1, minL+P2) - minL (all int32).
+    Every intermediate is cast back to int32 (Numba widens int32 arithmetic to int64),
+    so the GPU's compare-and-select chains stay 32-bit; the values never come near 2**31."""
+    m = min(l_prev, np.int32(min(l_lo, l_hi) + p1))
+    m = min(m, np.int32(min_prev + p2))
+    return np.int32(c + m - min_prev)
 
 
 @njit(cache=True, inline="always")

@@ -18,17 +18,16 @@ def wta_range(w, n, x, min_d):
 
 
 @shared
-def wta_finish(S, y, x, best, bc, other, lo, hi, min_d, uniqueness, subpixel):
+def wta_finish(best, bc, other, c0, c2, lo, hi, min_d, uniqueness, subpixel):
     """The disparity from the reductions over d: `best` the first index of the smallest
-    cost `bc`, `other` the smallest cost more than one disparity away from it. NaN when
-    the best cost does not win by `uniqueness` percent; parabola subpixel fit."""
+    cost `bc`, `other` the smallest cost more than one disparity away from it, c0 and c2
+    the costs at best - 1 and best + 1 (read only when lo < best < hi). NaN when the
+    best cost does not win by `uniqueness` percent; parabola subpixel fit."""
     if uniqueness > 0.0:
         if np.float32(other) * (np.float32(100.0) - uniqueness) < np.float32(bc) * np.float32(100.0):
             return np.float32(math.nan)
     disp = np.float32(best + min_d)
     if subpixel and best > lo and best < hi:
-        c0 = np.int32(S[y, x, best - 1])
-        c2 = np.int32(S[y, x, best + 1])
         den = c0 + c2 - 2 * bc
         if den > 0:
             disp += np.float32(c0 - c2) / np.float32(2 * den)
@@ -55,7 +54,9 @@ def wta_at(S, y, x, min_d, uniqueness, subpixel):
             other = min(other, np.int32(S[y, x, d]))
         for d in range(best + 2, hi + 1):
             other = min(other, np.int32(S[y, x, d]))
-    return wta_finish(S, y, x, best, bc, other, lo, hi, min_d, uniqueness, subpixel)
+    c0 = np.int32(S[y, x, best - 1]) if best > lo else np.int32(0)
+    c2 = np.int32(S[y, x, best + 1]) if best < hi else np.int32(0)
+    return wta_finish(best, bc, other, c0, c2, lo, hi, min_d, uniqueness, subpixel)
 
 
 @shared
