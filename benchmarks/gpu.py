@@ -11,6 +11,7 @@ SGM and selection kernels (0: the compiler's choice). Give each setting its own
 NUMBA_CACHE_DIR: the kernel cache does not key on the register cap.
 """
 import argparse
+import gc
 import time
 
 import cv2
@@ -42,11 +43,8 @@ def kernel_times(bk, left, right, ndisp, paths, repeat):
 
     def once(record):
         # free the last round's buffers now, not inside the timed span (Numba defers frees)
+        gc.collect()
         cuda.current_context().deallocations.clear()
-        with cuda.defer_cleanup():
-            timed(record)
-
-    def timed(record):
         ev = [cuda.event() for _ in range(5)]
         ev[0].record(bk.stream)
         vol = bk.census_volume(L, R, 0, ndisp, 9, 7)

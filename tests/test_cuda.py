@@ -193,3 +193,18 @@ def test_full_scenes_identical_on_gpu(scene, ndisp):
     left, right = io.read_image(d / "left.png"), io.read_image(d / "right.png")
     a, b = run_both(left, right, num_disparities=ndisp)
     assert same_maps(a, b).all()
+
+
+@pytest.mark.skipif(not REAL_GPU, reason="the buffer pool is off under the simulator")
+def test_pooled_buffers_do_not_leak_between_pairs():
+    """The backend hands the device buffers of one pair to the next pair of the same
+    size (a batch); each result must still be the CPU's, and the pool must be used."""
+    pairs = [textured_pair(h=40, w=60, shift=s, seed=20 + s) for s in (2, 5, 2)]
+    first = None
+    for left, right in pairs:
+        a, b = run_both(left, right, num_disparities=16)
+        assert same_maps(a, b).all()
+        if first is None:
+            first = a
+            assert GPU._pool.nbytes > 0  # the buffers came back
+    assert same_maps(a, first).all()  # the same pair again, after another one

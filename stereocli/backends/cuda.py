@@ -3,6 +3,9 @@
 Data stays on the GPU from upload to download. Allocation failures become a
 StereoError that names the size asked for.
 """
+import threading
+import weakref
+
 import numpy as np
 from numba import config as numba_config
 from numba import cuda
@@ -33,6 +36,43 @@ def _grid1(n, tpb=K.TPB):
     return (max(1, (n + tpb - 1) // tpb),), (tpb,)
 
 
+class _Pool:
+    """Device buffers kept for reuse by (shape, dtype): the next pair of a batch, or the
+    next strip, of the same size allocates nothing (a cudaMalloc of the path volumes
+    costs as much as a kernel). A buffer comes back when the last array over it is
+    garbage (all work is on one stream, so later kernels run after earlier ones); at
+    most half the device's memory is kept idle, and `release` (on an allocation that
+    fails) frees it all."""
+
+    def __init__(self):
+        self.free = {}  # key -> [device memory]
+        self.nbytes = 0  # held idle
+        self.limit = 0  # most bytes held idle (set from the device's memory); beyond it, buffers are freed
+        self.lock = threading.Lock()  # finalizers run on whichever thread collects
+
+    def take(self, key):
+        with self.lock:
+            if self.free.get(key):
+                mem = self.free[key].pop()
+                self.nbytes -= mem.size
+                return mem
+        return None
+
+    def give(self, key, mem):
+        with self.lock:
+            if self.nbytes + mem.size <= self.limit:
+                self.free.setdefault(key, []).append(mem)
+                self.nbytes += mem.size
+
+    def release(self):
+        with self.lock:
+            self.free.clear()
+            self.nbytes = 0
+
+
+_POOL = _Pool()  # one per process, shared by every CudaBackend (they share the device)
+
+
 class PathVolumes:
     """The result of CudaBackend.sgm: one uint16 volume per path direction, shape
     (directions, h, w, n), not yet added; `vec`: written as packed uint64 words."""
@@ -52,18 +92,43 @@ class CudaBackend:
     def __init__(self):
         self.stream = cuda.stream()
         self._tables = {}  # per-size constant tables on the device (path lines, census scale)
+        self._pool = _POOL
+        if not K.SIM and not _POOL.limit:
+            _POOL.limit = cuda.current_context().get_memory_info()[1] // 2
 
     def describe(self) -> str:
         return dict(gpu_summary()).get("gpu", "CUDA GPU")
 
     # ------------------------------------------------------------ memory
     def _empty(self, shape, dtype):
-        try:
-            return cuda.device_array(shape, dtype=dtype, stream=self.stream)
-        except Exception as e:  # CudaAPIError / out of memory from the driver
-            size = int(np.prod(shape)) * np.dtype(dtype).itemsize
-            raise StereoError(f"the GPU could not allocate {size / 2**20:.0f} MiB ({e.__class__.__name__}); "
-                              f"use --max-memory to run in smaller strips, or --device cpu") from None
+        """An uninitialised device array, from the pool when one of this shape is free."""
+        shape = tuple(int(v) for v in np.atleast_1d(shape))
+        dtype = np.dtype(dtype)
+        if K.SIM:
+            return self._allocate(shape, dtype)
+        from numba.cuda.cudadrv.devicearray import DeviceNDArray  # (not in the simulator)
+        key = (shape, dtype.str)
+        mem = self._pool.take(key)
+        if mem is None:
+            mem = self._allocate(shape, dtype).gpu_data
+        strides = tuple(int(np.prod(shape[i + 1:])) * dtype.itemsize for i in range(len(shape)))
+        handle = mem.view(0)  # shared by every reshape/view of the array handed out
+        arr = DeviceNDArray(shape, strides, dtype, stream=self.stream, gpu_data=handle)
+        weakref.finalize(handle, self._pool.give, key, mem)
+        return arr
+
+    def _allocate(self, shape, dtype):
+        for attempt in range(2):
+            try:
+                return cuda.device_array(shape, dtype=dtype, stream=self.stream)
+            except Exception as e:  # CudaAPIError / out of memory from the driver
+                if attempt == 0 and not K.SIM:  # give the pooled buffers back and try once more
+                    self._pool.release()
+                    cuda.current_context().deallocations.clear()
+                    continue
+                size = int(np.prod(shape)) * dtype.itemsize
+                raise StereoError(f"the GPU could not allocate {size / 2**20:.0f} MiB ({e.__class__.__name__}); "
+                                  f"use --max-memory to run in smaller strips, or --device cpu") from None
 
     def upload(self, a):
         a = np.ascontiguousarray(a)
@@ -99,7 +164,7 @@ class CudaBackend:
 
     def free_memory(self):
         free, _ = cuda.current_context().get_memory_info()
-        return free
+        return free + self._pool.nbytes  # the pool's free buffers are given back when memory runs short
 
     def _launch2(self, kernel, h, w, *args):
         g, b = _grid2(h, w)

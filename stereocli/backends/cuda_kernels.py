@@ -8,7 +8,7 @@ import math
 import os
 import types
 
-from numba import config, cuda, float32, int32, int64, uint32, uint64
+from numba import config, cuda, float32, int32, uint32, uint64
 
 from ..stages import aggregate as _agg
 from ..stages import cost as _cost
