@@ -14,6 +14,9 @@ from ..errors import StereoError
 from ..stages import aggregate, cost
 from . import cuda_kernels as K
 
+if not K.SIM:  # the simulator has no DeviceNDArray (and no pool)
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
 # small images launch small grids on purpose; that is not the user's concern
 numba_config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
 
@@ -106,7 +109,6 @@ class CudaBackend:
         dtype = np.dtype(dtype)
         if K.SIM:
             return self._allocate(shape, dtype)
-        from numba.cuda.cudadrv.devicearray import DeviceNDArray  # (not in the simulator)
         key = (shape, dtype.str)
         mem = self._pool.take(key)
         if mem is None:

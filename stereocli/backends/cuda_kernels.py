@@ -721,6 +721,7 @@ def _make_select_kernel(vec, HOLD):
             rkey[i] = NO_KEY
         cuda.syncthreads()
         reads = (n + PER - 1) // PER
+        rounds = HOLD if vec else (reads + LANES - 1) // LANES  # reads per lane
         mask = int32((1 << shift) - 1)
         xs = a
         xe = b - 1
@@ -734,7 +735,7 @@ def _make_select_kernel(vec, HOLD):
             shiftx = int32(x - min_d - a)  # right pixel (in the segment) of d = 0
             base = (y * wd + x) * reads
             kmin = int32(NO_KEY)
-            for k in range(HOLD if vec else (reads + LANES - 1) // LANES):
+            for k in range(rounds):
                 i = int32(lane + LANES * k)
                 acc = uint64(0)
                 if i < reads:
@@ -759,7 +760,7 @@ def _make_select_kernel(vec, HOLD):
                     bc = kmin >> shift
                     other = int32(NO_KEY)
                     if uniqueness > float32(0.0):
-                        for k in range(HOLD if vec else (reads + LANES - 1) // LANES):
+                        for k in range(rounds):
                             i = int32(lane + LANES * k)
                             if i < reads:
                                 acc = held[k] if vec else read(V, nv, base, i)
