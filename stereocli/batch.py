@@ -304,6 +304,7 @@ def match_one(pair: Pair, params, backend, ext: str, skip_existing: bool = False
             result = pipeline.run(left, right, params, backend)
         write_ms, counts = save_result(pair, result.disparity, ext, max_disparity)
     except Exception as e:  # one bad pair must not stop the batch
+        raise_interrupt(e)
         return failed_event(pair, error_text(e)), None
     return {**_event(pair, "ok"), **_result_fields(result), "read_ms": round(read_ms, 3),
             "write_ms": round(write_ms, 3)}, counts
@@ -370,6 +371,7 @@ def run(pairs: list[Pair], params, backend, ext: str, *, threads: int = 4, skip_
                 left, right, read_ms = fut.result()
                 result = pipeline.run(left, right, params, backend)
             except Exception as e:
+                raise_interrupt(e)
                 report(failed_event(p, error_text(e)))
                 continue
             ev = {**_event(p, "ok"), "read_ms": round(read_ms, 3), **_result_fields(result)}
@@ -388,6 +390,16 @@ def run(pairs: list[Pair], params, backend, ext: str, *, threads: int = 4, skip_
         writers.shutdown(wait=True)
         summary.seconds = time.perf_counter() - start
     return summary
+
+
+def raise_interrupt(e: BaseException) -> None:
+    """Ctrl-C that lands inside a Numba-compiled call comes out as a SystemError whose
+    context is the KeyboardInterrupt: raise that, so it stops the batch like any Ctrl-C
+    instead of failing one pair."""
+    while e is not None:
+        if isinstance(e, KeyboardInterrupt):
+            raise KeyboardInterrupt from None
+        e = e.__cause__ or e.__context__
 
 
 def error_text(e: BaseException) -> str:

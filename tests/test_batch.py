@@ -236,3 +236,17 @@ def test_depth_and_ply_from_calib(tmp_path):
     z2 = io.read_disparity(tmp_path / "z2.npy")
     d_pos = valid & (disp > 0)
     np.testing.assert_allclose(z2[d_pos], 100 * 160 / disp[d_pos], rtol=1e-5)
+
+
+def test_ctrl_c_inside_compiled_code_stops_the_batch():
+    """Ctrl-C during a Numba call surfaces as a SystemError chained to the
+    KeyboardInterrupt: it must stop the batch, not count as one failed pair."""
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise SystemError("returned a result with an exception set")
+    except SystemError as e:
+        with pytest.raises(KeyboardInterrupt):
+            B.raise_interrupt(e)
+    B.raise_interrupt(ValueError("a bad pair"))  # other errors stay per-pair failures
