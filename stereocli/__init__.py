@@ -10,6 +10,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from . import cache  # noqa: F401  (first: points Numba's kernel cache at the user's folder)
 from .errors import StereoError
 
 

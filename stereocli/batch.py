@@ -311,10 +311,13 @@ def match_one(pair: Pair, params, backend, ext: str, skip_existing: bool = False
 
 
 def _result_fields(result) -> dict:
-    return {"width": int(result.disparity.shape[1]), "height": int(result.disparity.shape[0]),
-            "device": result.device, "strips": result.strips,
-            "timings_ms": {k: round(v, 3) for k, v in result.timings.items()},
-            "compute_ms": round(result.total_ms, 3)}
+    out = {"width": int(result.disparity.shape[1]), "height": int(result.disparity.shape[0]),
+           "device": result.device, "strips": result.strips,
+           "timings_ms": {k: round(v, 3) for k, v in result.timings.items()},
+           "compute_ms": round(result.total_ms, 3)}
+    if result.notes:
+        out["notes"] = result.notes
+    return out
 
 
 def run(pairs: list[Pair], params, backend, ext: str, *, threads: int = 4, skip_existing: bool = False,

@@ -175,6 +175,8 @@ def match(left, right, output, fmt, sbs, preview, depth_out, ply_out, focal, bas
     warn = (lambda m: click.echo(f"stereo: {m}", err=True)) if timings else None
     backend = get_backend(kw["device"], warn=warn)
     result = pipeline.run(left_img, right_img, params, backend)
+    for note in result.notes:
+        click.echo(f"stereo: note: {note}", err=True)
     if to_stdout:
         data = io.encode_disparity(result.disparity, ext)
         sys.stdout.buffer.write(data)
@@ -404,7 +406,13 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, threads
                             show_pos=True, show_eta=True, item_show_func=lambda s: s, width=24)
     t0 = time.perf_counter()
 
+    notes_told = set()
+
     def on_event(ev):
+        for note in ev.get("notes", ()):
+            if note not in notes_told:
+                notes_told.add(note)
+                click.echo(("\r\033[K" if show_bar else "") + f"stereo: note: {note}", err=True)
         if ev["status"] == "failed":
             click.echo(("\r\033[K" if show_bar else "") + f"stereo: failed: {ev['left']}: {ev['error']}", err=True)
         if jsonl:
@@ -457,15 +465,32 @@ def _print_batch_summary(s, total, with_gt, no_gt, jsonl, device):
 
 
 @cli.command()
-def info():
-    """Versions, CUDA availability, GPU and compiled-kernel cache: what to paste in a bug report."""
+@click.option("--clear-cache", is_flag=True,
+              help="Delete stereocli's compiled kernels from the cache folder (the next run compiles again).")
+def info(clear_cache):
+    """Versions, CUDA availability, GPU and compiled-kernel cache: what to paste in a bug report.
+
+    Compiled kernels are cached in a per-user folder: $STEREOCLI_CACHE_DIR, else
+    $NUMBA_CACHE_DIR, else the platform's user cache folder ($XDG_CACHE_HOME/stereocli,
+    by default ~/.cache/stereocli, on Linux).
+
+    \b
+    Examples:
+      stereo info
+      stereo info --clear-cache
+      STEREOCLI_CACHE_DIR=/opt/stereo-cache stereo match l.png r.png -o d.pfm
+    """
     import platform
 
     import cv2
     import numba
     import numpy
 
+    from . import cache
     from .backends import cuda_status
+    if clear_cache:
+        n = cache.clear()
+        click.echo(f"stereo: deleted {n} compiled-kernel files from {cache.DIR}", err=True)
     rows = [("stereocli", __version__), ("python", platform.python_version()), ("numpy", numpy.__version__),
             ("numba", numba.__version__), ("opencv", cv2.__version__),
             ("cpu threads", str(numba.get_num_threads()))]
@@ -479,17 +504,9 @@ def info():
     if ok:
         from .backends.cuda import gpu_summary
         rows.extend(gpu_summary())
-    rows.append(("kernel cache", _cache_dir()))
+    rows.append(("kernel cache", cache.describe()))
     for k, v in rows:
         click.echo(f"{k:<14}{v}")
-
-
-def _cache_dir() -> str:
-    import os
-    from pathlib import Path
-    if os.environ.get("NUMBA_CACHE_DIR"):
-        return os.environ["NUMBA_CACHE_DIR"]
-    return str(Path(__file__).resolve().parent / "stages" / "__pycache__") + " (NUMBA_CACHE_DIR overrides)"
 
 
 def main(argv=None) -> int:

@@ -19,37 +19,93 @@ import numpy as np
 
 from .errors import StereoError
 
+# OpenCV's own warnings (e.g. "[ WARN:0@0.2] global grfmt_png.cpp ...") would come
+# before our one-line errors; what went wrong is said by StereoError instead.
+cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_ERROR)
+
 DISPARITY_FORMATS = (".pfm", ".png", ".npy", ".tif", ".tiff")
 PNG_MAX = 65535 / 256.0  # largest disparity a KITTI PNG holds
 
 
 def to_grey(img: np.ndarray, keep_u8: bool = False) -> np.ndarray:
-    """Colour (BGR/BGRA) or grey, 8 or 16 bit -> float32 grey scaled to 0..255
-    (with keep_u8, an 8-bit image stays uint8: the same values, a quarter of the bytes)."""
+    """Colour (BGR/BGRA) or grey, 8 or 16 bit or float -> float32 grey scaled to 0..255
+    (with keep_u8, an 8-bit image stays uint8: the same values, a quarter of the bytes).
+
+    Float images in 0..1 are scaled to 0..255, others kept as they are. Non-finite
+    pixels (NaN, +-inf) become 0 here; `nonfinite_mask` finds them so that the
+    pipeline can mark their disparities invalid.
+    """
     if img.ndim == 3 and img.shape[2] == 1:
         img = img[:, :, 0]
+    if img.ndim == 3 and img.shape[2] not in (3, 4):
+        raise StereoError(f"unsupported image with {img.shape[2]} channels; give a grey, BGR or BGRA image")
+    if img.ndim not in (2, 3):
+        raise StereoError(f"unsupported image shape {img.shape}; give a grey or colour image")
+    if img.dtype not in (np.uint8, np.uint16, np.float32, np.float64):
+        raise StereoError(f"unsupported pixel type {img.dtype}; give an 8- or 16-bit or a float image")
+    if img.dtype == np.float64 or (img.dtype == np.float32 and img.ndim == 3):
+        img = np.nan_to_num(img.astype(np.float32), nan=0.0, posinf=0.0, neginf=0.0)
     if img.ndim == 3:
         code = cv2.COLOR_BGRA2GRAY if img.shape[2] == 4 else cv2.COLOR_BGR2GRAY
         img = cv2.cvtColor(img, code)
-    if img.ndim != 2:
-        raise StereoError(f"unsupported image shape {img.shape}; give a grey or colour image")
     if img.dtype == np.uint8:
         return img if keep_u8 else img.astype(np.float32)
     if img.dtype == np.uint16:
         return img.astype(np.float32) * np.float32(255.0 / 65535.0)
-    if img.dtype in (np.float32, np.float64):
-        finite = img[np.isfinite(img)]
-        hi = float(finite.max()) if finite.size else 1.0
-        scale = 255.0 if hi <= 1.0 else 1.0
-        return np.nan_to_num(img.astype(np.float32) * np.float32(scale))
-    raise StereoError(f"unsupported pixel type {img.dtype}; give an 8- or 16-bit image")
+    img = np.where(np.isfinite(img), img, np.float32(0)).astype(np.float32)
+    hi = float(img.max()) if img.size else 1.0
+    return img * np.float32(255.0) if hi <= 1.0 else img
+
+
+def nonfinite_mask(img: np.ndarray) -> np.ndarray | None:
+    """HxW bool of the pixels with a NaN or infinite channel (float images), else None."""
+    if img.dtype.kind != "f":
+        return None
+    bad = ~np.isfinite(img)
+    if bad.ndim == 3:
+        bad = bad.any(axis=2)
+    return bad if bad.any() else None
+
+
+MAX_PIXELS_VAR = "OPENCV_IO_MAX_IMAGE_PIXELS"  # OpenCV's own limit, read when cv2 loads
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _png_truncated(data: bytes) -> bool:
+    """A PNG whose chunks end before IEND (libpng would print its own error line)."""
+    pos, n = 8, len(data)
+    while pos + 8 <= n:
+        length = int.from_bytes(data[pos:pos + 4], "big")
+        if data[pos + 4:pos + 8] == b"IEND":
+            return False
+        pos += 12 + length
+    return True
 
 
 def decode_image(data: bytes, name: str) -> np.ndarray:
-    img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    """Encoded bytes -> the image as stored, or a one-line StereoError saying why not."""
+    if not data:
+        raise StereoError(f"{name} is empty (0 bytes); give an image file (PNG, JPEG, TIFF, PGM/PPM, ...)")
+    if data.startswith(_PNG_SIGNATURE) and _png_truncated(data):
+        raise StereoError(f"{name} is a truncated PNG (it ends before its last chunk); "
+                          f"copy or write the file again")
+    try:
+        img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    except cv2.error as e:
+        if "CV_IO_MAX_IMAGE_PIXELS" in str(e):
+            raise StereoError(f"{name} claims more pixels than OpenCV's limit of {_max_pixels()} (a damaged or "
+                              f"hostile file?); if it is real, raise the limit with {MAX_PIXELS_VAR}=N") from None
+        raise StereoError(f"cannot decode {name}: OpenCV could not read it "
+                          f"({str(e).strip().splitlines()[-1][:120]})") from None
     if img is None:
         raise StereoError(f"cannot decode {name}: not an image OpenCV can read (PNG, JPEG, TIFF, PGM/PPM, ...)")
+    if img.size == 0:
+        raise StereoError(f"{name} holds an image with no pixels")
     return img
+
+
+def _max_pixels() -> str:
+    return os.environ.get(MAX_PIXELS_VAR, str(2 ** 30))
 
 
 def is_url(path) -> bool:
@@ -179,22 +235,39 @@ def _write_pfm(f, disp: np.ndarray) -> None:
     f.write(np.ascontiguousarray(out[::-1]).tobytes())
 
 
-def read_pfm(data: bytes) -> np.ndarray:
+def read_pfm(data: bytes, name: str = "PFM") -> np.ndarray:
     """Grey PFM (little or big endian) -> float32, top row first."""
     lines, pos = [], 0
-    while len(lines) < 3:
-        end = data.index(b"\n", pos)
-        line = data[pos:end].strip()
-        pos = end + 1
-        if line and not line.startswith(b"#"):
-            lines.append(line)
-    if lines[0] != b"Pf":
-        raise StereoError("only grey PFM (header 'Pf') is supported")
-    w, h = (int(v) for v in lines[1].split())
-    scale = float(lines[2])
+    try:
+        while len(lines) < 3:
+            end = data.index(b"\n", pos)
+            line = data[pos:end].strip()
+            pos = end + 1
+            if line and not line.startswith(b"#"):
+                lines.append(line)
+        if lines[0] != b"Pf":
+            raise StereoError(f"{name}: only grey PFM (header 'Pf') is supported")
+        w, h = (int(v) for v in lines[1].split())
+        scale = float(lines[2])
+    except (ValueError, IndexError):
+        raise StereoError(f"{name} is not a PFM file (header 'Pf', width height, scale)") from None
+    if w < 1 or h < 1 or len(data) - pos < 4 * w * h:
+        raise StereoError(f"{name}: the PFM header says {w}x{h} but the file holds "
+                          f"{max(0, len(data) - pos) // 4} values; the file is damaged or truncated")
     dtype = "<f4" if scale < 0 else ">f4"
     arr = np.frombuffer(data, dtype=dtype, count=w * h, offset=pos).reshape(h, w)
     return arr[::-1].astype(np.float32)
+
+
+def _read_npy(data: bytes, name: str) -> np.ndarray:
+    import io as _io
+    try:
+        arr = np.load(_io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise StereoError(f"{name} is not a NumPy .npy file ({e})") from None
+    if arr.ndim != 2 or arr.dtype.kind not in "fiu":
+        raise StereoError(f"{name} holds a {arr.dtype} array of shape {arr.shape}; a disparity map is 2-D numbers")
+    return arr.astype(np.float32)
 
 
 def encode_disparity(disp: np.ndarray, ext: str) -> bytes:
@@ -272,12 +345,13 @@ def read_disparity(path: str | os.PathLike) -> np.ndarray:
     ext = os.path.splitext(str(path))[1].lower()
     data = read_bytes(path)
     if ext == ".pfm":
-        d = read_pfm(data)
+        d = read_pfm(data, str(p))
         return np.where(np.isfinite(d), d, np.nan).astype(np.float32)
     if ext == ".npy":
-        import io as _io
-        return np.load(_io.BytesIO(data)).astype(np.float32)
+        return _read_npy(data, str(p))
     img = decode_image(data, str(p))
+    if img.ndim != 2:
+        raise StereoError(f"{p} has {img.shape[2]} channels; a disparity map has one")
     if ext == ".png":
         if img.dtype != np.uint16:
             raise StereoError(f"{p}: a disparity PNG must be 16-bit (value = d*256, 0 = invalid)")

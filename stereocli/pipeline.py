@@ -2,9 +2,17 @@
 
     run(left, right, params, backend) -> Result(disparity, timings, strips, ...)
 
-Images larger than the memory budget are processed in horizontal strips that
-overlap by `STRIP_OVERLAP` rows on each side; the overlap gives the vertical and
-diagonal SGM paths context, and only each strip's own rows are kept.
+Large images are processed in horizontal strips that overlap by `STRIP_OVERLAP`
+rows on each side; the overlap gives the vertical and diagonal SGM paths context,
+and only each strip's own rows are kept. The layout depends on the image and the
+options only, never on the device or its free memory, so every device gives the
+same map: strips hold at most `STRIP_CELLS` cells of W x rows x D, or, with
+--max-memory, as many rows as that budget holds. Only a device that cannot hold one
+such strip plans smaller ones, and the Result says so (`notes`).
+
+Input pixels that are NaN or infinite (float images) are matched as 0 and get no
+disparity: the output is NaN wherever the left pixel, or the right pixel it was
+matched to, is not finite.
 """
 from __future__ import annotations
 
@@ -17,11 +25,12 @@ import numpy as np
 
 from .config import Params
 from .errors import StereoError
-from .io import to_grey
+from .io import nonfinite_mask, to_grey
 from .stages import cost, preprocess
 
 STRIP_OVERLAP = 48
-DEFAULT_CPU_BUDGET_MIB = 4096
+STRIP_CELLS = 2 ** 31  # volume cells (W x rows x D) of one strip: 3840x2160 with 256 disparities is one
+MEMORY_SHARE = 0.7  # of the device's free memory that one strip may take
 STAGES = ("upload", "preprocess", "cost", "aggregate", "select", "lr_check", "speckle", "fill", "median", "download")
 
 
@@ -31,6 +40,7 @@ class Result:
     timings: dict = field(default_factory=dict)  # stage -> ms
     strips: int = 1
     device: str = "cpu"
+    notes: list = field(default_factory=list)  # things the user should hear (e.g. a memory-forced layout)
 
     @property
     def total_ms(self) -> float:
@@ -62,12 +72,17 @@ def bytes_per_row(width: int, params: Params, sgm_bytes: int = 2) -> int:
     return width * d * per
 
 
-def plan_strips(height: int, width: int, params: Params, budget_bytes: int,
+def plan_strips(height: int, width: int, params: Params, budget_bytes: int | None = None,
                 sgm_bytes: int = 2) -> list[tuple[int, int, int, int]]:
-    """[(y0, y1, keep0, keep1)]: strip rows y0..y1 (exclusive), of which keep0..keep1 go to the output."""
-    fixed = 2 * width * params.num_disparities * 8  # per-line scratch
-    row = bytes_per_row(width, params, sgm_bytes)
-    rows = (budget_bytes - fixed) // row if budget_bytes > fixed else 0
+    """[(y0, y1, keep0, keep1)]: strip rows y0..y1 (exclusive), of which keep0..keep1 go to the output.
+    With no budget, strips of at most STRIP_CELLS volume cells (the same on every device)."""
+    if budget_bytes is None:
+        rows = STRIP_CELLS // (width * params.num_disparities)
+        fixed = row = 0
+    else:
+        fixed = 2 * width * params.num_disparities * 8  # per-line scratch
+        row = bytes_per_row(width, params, sgm_bytes)
+        rows = (budget_bytes - fixed) // row if budget_bytes > fixed else 0
     if rows >= height:
         return [(0, height, 0, height)]
     core = rows - 2 * STRIP_OVERLAP
@@ -80,6 +95,31 @@ def plan_strips(height: int, width: int, params: Params, budget_bytes: int,
         k1 = min(height, k0 + core)
         strips.append((max(0, k0 - STRIP_OVERLAP), min(height, k1 + STRIP_OVERLAP), k0, k1))
     return strips
+
+
+def strip_bytes(strip_rows: int, width: int, params: Params, sgm_bytes: int) -> int:
+    """Working memory of one strip of `strip_rows` rows (what plan_strips budgets for)."""
+    return 2 * width * params.num_disparities * 8 + strip_rows * bytes_per_row(width, params, sgm_bytes)
+
+
+def layout(h: int, w: int, params: Params, backend):
+    """(strips, note or None): the standard layout, or with --max-memory that budget's;
+    a smaller one only when the device cannot hold a standard strip."""
+    sgm_bytes = backend.sgm_bytes_per_element(params.paths)
+    if params.max_memory:
+        return plan_strips(h, w, params, params.max_memory * 2 ** 20, sgm_bytes), None
+    strips = plan_strips(h, w, params)
+    free = backend.free_memory()
+    if not free or not math.isfinite(free):
+        return strips, None
+    room = int(free * MEMORY_SHARE)
+    if strip_bytes(max(y1 - y0 for y0, y1, _, _ in strips), w, params, sgm_bytes) <= room:
+        return strips, None
+    small = plan_strips(h, w, params, room, sgm_bytes)
+    note = (f"{backend.name}: {room / 2 ** 20:.0f} MiB of free memory holds less than one standard strip, so "
+            f"this ran in {len(small)} strips instead of {len(strips)}; maps can differ slightly along the "
+            f"seams from other machines' (--max-memory MiB fixes the layout everywhere)")
+    return small, note
 
 
 def check_inputs(left: np.ndarray, right: np.ndarray, params: Params) -> None:
@@ -98,27 +138,34 @@ def check_inputs(left: np.ndarray, right: np.ndarray, params: Params) -> None:
                           f"use at most {w}")
 
 
-def run(left, right, params: Params, backend, budget_mib: int | None = None) -> Result:
+def run(left, right, params: Params, backend) -> Result:
     """Match a rectified pair (any shape/dtype io.to_grey accepts) -> Result."""
     params.validate()
     check_inputs(left, right, params)
     bytes_in = left.dtype == np.uint8 and right.dtype == np.uint8  # upload bytes, make floats on the device
     gl, gr = to_grey(left, keep_u8=bytes_in), to_grey(right, keep_u8=bytes_in)
     h, w = gl.shape
-    if params.max_memory:
-        budget = params.max_memory * 2 ** 20
-    elif budget_mib:
-        budget = budget_mib * 2 ** 20
-    else:
-        free = backend.free_memory()
-        budget = int(free * 0.7) if free and math.isfinite(free) else DEFAULT_CPU_BUDGET_MIB * 2 ** 20
-    strips = plan_strips(h, w, params, budget, backend.sgm_bytes_per_element(params.paths))
+    strips, note = layout(h, w, params, backend)
     timer = _Timer(backend)
     out = np.empty((h, w), np.float32)
     for y0, y1, k0, k1 in strips:
         disp = _run_strip(gl[y0:y1], gr[y0:y1], params, backend, timer)
         out[k0:k1] = disp[k0 - y0:k1 - y0]
-    return Result(out, {s: timer.ms[s] for s in STAGES if s in timer.ms}, len(strips), backend.name)
+    _invalidate_nonfinite(out, left, right)
+    return Result(out, {s: timer.ms[s] for s in STAGES if s in timer.ms}, len(strips), backend.name,
+                  [note] if note else [])
+
+
+def _invalidate_nonfinite(disp: np.ndarray, left: np.ndarray, right: np.ndarray) -> None:
+    """NaN where the left pixel, or the right pixel it matched, was NaN or infinite."""
+    bad_l, bad_r = nonfinite_mask(left), nonfinite_mask(right)
+    if bad_l is not None:
+        disp[bad_l] = np.nan
+    if bad_r is not None:
+        ys, xs = np.nonzero(np.isfinite(disp))
+        xr = np.clip(np.rint(xs - disp[ys, xs]).astype(np.int64), 0, disp.shape[1] - 1)
+        hit = bad_r[ys, xr]
+        disp[ys[hit], xs[hit]] = np.nan
 
 
 def _run_strip(gl: np.ndarray, gr: np.ndarray, params: Params, bk, timer: _Timer) -> np.ndarray:

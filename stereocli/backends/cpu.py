@@ -25,7 +25,15 @@ class CpuBackend:
         pass
 
     def free_memory(self):
-        return None  # no fixed budget; the pipeline uses its default
+        """Bytes of memory the system can still give (Linux MemAvailable), or None if unknown."""
+        try:
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            pass
+        return None
 
     # preprocessing
     def dog(self, img, k1, k2):

@@ -15,7 +15,7 @@ from ..stages import cost as _cost
 from ..stages import preprocess as _pre
 from ..stages import refine as _ref
 from ..stages import select as _sel
-from ..stages import SHARED
+from ..stages import CACHE, SHARED
 
 
 _DEVICE = {}  # id of a CPU-compiled shared function -> its device twin
@@ -154,7 +154,7 @@ def _volume_index(w, n):
 
 
 # ------------------------------------------------------------- preprocessing
-@cuda.jit(cache=True)
+@cuda.jit(cache=CACHE)
 def to_float_kernel(src, out):
     x, y = cuda.grid(2)
     if y < src.shape[0] and x < src.shape[1]:
@@ -162,35 +162,35 @@ def to_float_kernel(src, out):
 
 
 
-@cuda.jit(cache=True)
+@cuda.jit(cache=CACHE)
 def conv_x_kernel(src, k, out):
     x, y = cuda.grid(2)
     if y < src.shape[0] and x < src.shape[1]:
         out[y, x] = conv_x_at(src, y, x, k)
 
 
-@cuda.jit(cache=True)
+@cuda.jit(cache=CACHE)
 def dog_y_kernel(t1, t2, k1, k2, out):
     x, y = cuda.grid(2)
     if y < t1.shape[0] and x < t1.shape[1]:
         out[y, x] = dog_value(conv_y_at(t1, y, x, k1), conv_y_at(t2, y, x, k2))
 
 
-@cuda.jit(cache=True)
+@cuda.jit(cache=CACHE)
 def bilateral_x_kernel(src, r, inv_ss, inv_sc, out):
     x, y = cuda.grid(2)
     if y < src.shape[0] and x < src.shape[1]:
         out[y, x] = bilateral_x_at(src, y, x, r, inv_ss, inv_sc)
 
 
-@cuda.jit(cache=True)
+@cuda.jit(cache=CACHE)
 def bilateral_y_kernel(src, r, inv_ss, inv_sc, out):
     x, y = cuda.grid(2)
     if y < src.shape[0] and x < src.shape[1]:
         out[y, x] = bilateral_y_at(src, y, x, r, inv_ss, inv_sc)
 
 
-@cuda.jit(cache=True)
+@cuda.jit(cache=CACHE)
 def subtract_mean_kernel(img, mean, out):
     x, y = cuda.grid(2)
     if y < img.shape[0] and x < img.shape[1]:
@@ -205,7 +205,7 @@ def census_kernel_for(wx, wy):
     """The census kernel of one window size: with constant loop bounds the window's
     reads unroll and overlap (with the bounds as arguments, one read at a time)."""
     if (wx, wy) not in _CENSUS_KERNELS:
-        @cuda.jit(cache=True)
+        @cuda.jit(cache=CACHE)
         def census_kernel(img, out):
             x, y = cuda.grid(2)
             if y < img.shape[0] and x < img.shape[1]:
@@ -239,7 +239,7 @@ def _shared_scale(scale):
     return tab
 
 
-@cuda.jit(cache=True)
+@cuda.jit(cache=CACHE)
 def census_volume8_kernel(cl, cr, min_d, scale, vol8):
     """The census volume eight disparities per thread, written as one uint64 (D % 8 == 0)."""
     tab = _shared_scale(scale)
@@ -254,7 +254,7 @@ def census_volume8_kernel(cl, cr, min_d, scale, vol8):
         vol8[y, x, wi] = uint64(lo) | (uint64(hi) << uint64(32))
 
 
-@cuda.jit(cache=True)
+@cuda.jit(cache=CACHE)
 def census_volume4_kernel(cl, cr, min_d, scale, vol4):
     """The census volume four disparities per thread, written as one uint32 (D % 4 == 0)."""
     tab = _shared_scale(scale)
@@ -264,7 +264,7 @@ def census_volume4_kernel(cl, cr, min_d, scale, vol4):
         vol4[y, x, wi] = _census_word(cl[y, x], cr[y], int32(x - min_d - 4 * wi), w, tab, 4)
 
 
-@cuda.jit(cache=True)
+@cuda.jit(cache=CACHE)
 def census_volume_kernel(cl, cr, min_d, scale, vol):
     h, w, n = vol.shape
     y, x, d, inside = _volume_index(w, n)
@@ -276,7 +276,7 @@ def census_volume_kernel(cl, cr, min_d, scale, vol):
             vol[y, x, d] = 255
 
 
-@cuda.jit(cache=True)
+@cuda.jit(cache=CACHE)
 def diff_volume_kernel(L, R, min_d, kind, vol):
     h, w, n = vol.shape
     y, x, d, inside = _volume_index(w, n)
@@ -285,7 +285,7 @@ def diff_volume_kernel(L, R, min_d, kind, vol):
         vol[y, x, d] = pixel_diff(L, R, y, x, xr, kind)
 
 
-@cuda.jit(cache=True)
+@cuda.jit(cache=CACHE)
 def box_x_kernel(V, rx, out):
     """Running sum along x; one thread per (y, d). Same float order as box_mean_cpu."""
     i = cuda.grid(1)
@@ -301,7 +301,7 @@ def box_x_kernel(V, rx, out):
             acc = acc + (V[y, min(x + rx + 1, w - 1), d] - V[y, max(x - rx, 0), d])
 
 
-@cuda.jit(cache=True)
+@cuda.jit(cache=CACHE)
 def box_y_kernel(T, ry, inv, out):
     i = cuda.grid(1)
     h, w, n = T.shape
@@ -316,7 +316,7 @@ def box_y_kernel(T, ry, inv, out):
             acc = acc + (T[min(y + ry + 1, h - 1), x, d] - T[max(y - ry, 0), x, d])
 
 
-@cuda.jit(cache=True)
+@cuda.jit(cache=CACHE)
 def finalize_kernel(M, min_d, kind, ml, ml2, mr, mr2, vol):
     h, w, n = M.shape
     y, x, d, inside = _volume_index(w, n)
@@ -324,7 +324,7 @@ def finalize_kernel(M, min_d, kind, ml, ml2, mr, mr2, vol):
         vol[y, x, d] = finalize_at(M, y, x, d, min_d, kind, ml, ml2, mr, mr2)
 
 
-@cuda.jit(cache=True)
+@cuda.jit(cache=CACHE)
 def table_volume_kernel(ql, qr, table, min_d, vol):
     h, w, n = vol.shape
     y, x, d, inside = _volume_index(w, n)
@@ -336,7 +336,7 @@ def table_volume_kernel(ql, qr, table, min_d, vol):
             vol[y, x, d] = 255
 
 
-@cuda.jit(cache=True)
+@cuda.jit(cache=CACHE)
 def joint_histogram_kernel(ql, qr, disp, hist):
     x, y = cuda.grid(2)
     h, w = ql.shape
@@ -349,7 +349,7 @@ def joint_histogram_kernel(ql, qr, disp, hist):
 
 
 # ------------------------------------------------------------- aggregation
-@cuda.jit(cache=True)
+@cuda.jit(cache=CACHE)
 def box_u8_x_kernel(C, r, out):
     i = cuda.grid(1)
     h, w, n = C.shape
@@ -364,7 +364,7 @@ def box_u8_x_kernel(C, r, out):
             acc += int32(C[y, min(x + r + 1, w - 1), d]) - int32(C[y, max(x - r, 0), d])
 
 
-@cuda.jit(cache=True)
+@cuda.jit(cache=CACHE)
 def box_u8_y_kernel(T, r, out):
     i = cuda.grid(1)
     h, w, n = T.shape
@@ -520,7 +520,7 @@ def _make_sgm_kernel(G, K, vec):
             v = max(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, off))
         return v
 
-    @cuda.jit(cache=True, **_REGS("STEREOCLI_SGM_REGS", SGM_REGISTER_CAP.get(K, 0)))
+    @cuda.jit(cache=CACHE, **_REGS("STEREOCLI_SGM_REGS", SGM_REGISTER_CAP.get(K, 0)))
     def sgm_lines_kernel(C1, G1, h, wd, n, p1, p2table, Sd1, dirs, starts):
         """All path lines of all direction pairs in one launch, GROUPS lines per warp
         (starts[i] = (y, x, pair q), longest first). Pair q = dirs[q] = (dx, dy) walks the
@@ -627,7 +627,7 @@ def sgm_lines_per_block(G):
     return 1 if SIM else SGM_WARPS * (32 // G)
 
 
-@cuda.jit(cache=True)
+@cuda.jit(cache=CACHE)
 def sgm_sum4_kernel(Sp4, S4):
     """The direction volumes added four disparities at a time as packed uint64 words:
     exact, because a sum never exceeds 65535 (config bounds paths * (255 + P2)), so no
@@ -641,7 +641,7 @@ def sgm_sum4_kernel(Sp4, S4):
         S4[y, x, wi] = acc
 
 
-@cuda.jit(cache=True)
+@cuda.jit(cache=CACHE)
 def sgm_sum_kernel(Sp, S):
     npairs, h, w, n = Sp.shape
     y, x, d, inside = _volume_index(w, n)
@@ -706,7 +706,7 @@ def _make_select_kernel(vec, HOLD):
                 acc = held[kk]
         return int32((acc >> uint64(16 * (d & 3))) & uint64(0xFFFF))
 
-    @cuda.jit(cache=True, **_REGS("STEREOCLI_SELECT_REGS", 64))  # 4 blocks per SM, not 3: 15 % faster
+    @cuda.jit(cache=CACHE, **_REGS("STEREOCLI_SELECT_REGS", 64))  # 4 blocks per SM, not 3: 15 % faster
     def select_kernel(V, nv, wd, n, shift, min_d, uniqueness, subpixel, right, out, out_r):
         rkey = cuda.shared.array(SELECT_SEGMENT, int32)
         scratch = cuda.shared.array((SELECT_WARPS, SGM_LANES), int32)  # the simulator's exchange
@@ -804,21 +804,21 @@ def select_kernel_for(vec, n):
 
 
 # ------------------------------------------------------------- refinement
-@cuda.jit(cache=True)
+@cuda.jit(cache=CACHE)
 def lr_check_kernel(disp, disp_r, max_diff, out):
     x, y = cuda.grid(2)
     if y < disp.shape[0] and x < disp.shape[1]:
         out[y, x] = lr_check_at(disp, disp_r, y, x, max_diff)
 
 
-@cuda.jit(cache=True)
+@cuda.jit(cache=CACHE)
 def fill_kernel(disp, mode, out):
     x, y = cuda.grid(2)
     if y < disp.shape[0] and x < disp.shape[1]:
         out[y, x] = fill_row_at(disp, y, x, mode)
 
 
-@cuda.jit(cache=True)
+@cuda.jit(cache=CACHE)
 def median_kernel(disp, r, out):
     window = cuda.local.array(25, float32)
     x, y = cuda.grid(2)
@@ -853,7 +853,7 @@ def _union(labels, a, b):
             done = True
 
 
-@cuda.jit(cache=True)
+@cuda.jit(cache=CACHE)
 def ccl_init_kernel(disp, labels):
     x, y = cuda.grid(2)
     h, w = disp.shape
@@ -862,7 +862,7 @@ def ccl_init_kernel(disp, labels):
         labels[p] = p if disp[y, x] == disp[y, x] else -1
 
 
-@cuda.jit(cache=True)
+@cuda.jit(cache=CACHE)
 def ccl_merge_kernel(disp, max_diff, labels):
     x, y = cuda.grid(2)
     h, w = disp.shape
@@ -880,7 +880,7 @@ def ccl_merge_kernel(disp, max_diff, labels):
                     _union(labels, p, p + w)
 
 
-@cuda.jit(cache=True)
+@cuda.jit(cache=CACHE)
 def ccl_count_kernel(labels, sizes):
     i = cuda.grid(1)
     if i < labels.shape[0] and labels[i] >= 0:
@@ -889,7 +889,7 @@ def ccl_count_kernel(labels, sizes):
         cuda.atomic.add(sizes, r, 1)
 
 
-@cuda.jit(cache=True)
+@cuda.jit(cache=CACHE)
 def speckle_apply_kernel(disp, labels, sizes, max_size, out):
     x, y = cuda.grid(2)
     h, w = disp.shape

@@ -9,7 +9,7 @@ Each L stays below 256 + P2 (uint16); their sum over all paths S fits uint16
 import numpy as np
 from numba import njit, prange
 
-from . import shared
+from . import CACHE, shared
 
 # (dx, dy): the previous pixel on the path is (x - dx, y - dy)
 DIRECTIONS = {
@@ -39,7 +39,7 @@ def sgm_value(c, l_prev, l_lo, l_hi, min_prev, p1, p2):
     return np.int32(c + m - min_prev)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=CACHE, inline="always")
 def _step(cost, prev, mp, out, acc, p1, p2, first):
     """out[:] = SGM update of `prev` (the path's L at the previous pixel, whose minimum
     is mp) with costs `cost`; acc[:] = out (first path) or acc + out. Returns min(out).
@@ -72,7 +72,7 @@ def _step(cost, prev, mp, out, acc, p1, p2, first):
     return min(mn, v)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=CACHE, inline="always")
 def _start(cost, out, acc, first):
     """First pixel of a path: L = C. Returns min(out)."""
     mn = np.int32(65535)
@@ -108,7 +108,7 @@ def line_starts(h: int, w: int, dx: int, dy: int) -> np.ndarray:
     return np.stack([y[start], x[start]], axis=1).astype(np.int32)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=CACHE)
 def sgm_line_pair_cpu(C, guide, p1, p2, adaptive, S, dx, dy, starts, first):
     """Aggregates the paths r = (dx, dy) and -r into S (S = ... when `first`, else
     S += ...). One task per line: walk it along r, then back along -r."""
@@ -143,7 +143,7 @@ def sgm_line_pair_cpu(C, guide, p1, p2, adaptive, S, dx, dy, starts, first):
             x = nx
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=CACHE)
 def box_sum_u8_cpu(C, r):
     """Box aggregation of a uint8 cost volume over (2r+1)^2, as the rounded mean (uint8); edges replicated."""
     h, w, n = C.shape

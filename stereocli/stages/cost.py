@@ -14,7 +14,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from . import shared
+from . import CACHE, shared
 
 OUTSIDE = 255
 COST_SCALE = np.float32(4.0)  # grey-level differences -> cost units
@@ -115,7 +115,7 @@ def zssd_value(m_sq, m_l, m_r):
 
 
 # ----------------------------------------------------------------- CPU drivers
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=CACHE)
 def census_transform_cpu(img, wx, wy):
     h, w = img.shape
     out = np.empty((h, w), np.uint64)
@@ -125,7 +125,7 @@ def census_transform_cpu(img, wx, wy):
     return out
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=CACHE)
 def census_volume_cpu(cl, cr, min_d, ndisp, scale):
     h, w = cl.shape
     vol = np.empty((h, w, ndisp), np.uint8)
@@ -144,7 +144,7 @@ def census_volume_cpu(cl, cr, min_d, ndisp, scale):
     return vol
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=CACHE)
 def diff_volume_cpu(L, R, min_d, ndisp, kind):
     """E[y, x, d] = pixel_diff(L, R, y, x, clamp(x - min_d - d)) as float32."""
     h, w = L.shape
@@ -157,7 +157,7 @@ def diff_volume_cpu(L, R, min_d, ndisp, kind):
     return vol
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=CACHE)
 def box_mean_cpu(V, rx, ry):
     """Mean over a (2rx+1) x (2ry+1) window of each d-slice of V[y, x, d], edges replicated.
 
@@ -204,7 +204,7 @@ def finalize_at(M, y, x, d, min_d, kind, ml, ml2, mr, mr2):
     return zncc_cost_value(M[y, x, d], ml[y, x], ml2[y, x], mr[y, xr], mr2[y, xr])
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=CACHE)
 def finalize_volume_cpu(M, min_d, kind, ml, ml2, mr, mr2):
     """Window means -> uint8 cost volume (see finalize_at)."""
     h, w, n = M.shape
@@ -216,7 +216,7 @@ def finalize_volume_cpu(M, min_d, kind, ml, ml2, mr, mr2):
     return vol
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=CACHE)
 def table_volume_cpu(ql, qr, table, min_d, ndisp):
     """C[y, x, d] = table[ql[y, x], qr[y, x - d]] (mutual information lookup)."""
     h, w = ql.shape
@@ -232,7 +232,7 @@ def table_volume_cpu(ql, qr, table, min_d, ndisp):
     return vol
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def joint_histogram_cpu(ql, qr, disp):
     """Joint histogram of (ql[y, x], qr[y, round(x - disp)]) over pixels with a valid disparity."""
     h, w = ql.shape

@@ -7,7 +7,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from . import shared
+from . import CACHE, shared
 
 
 def gaussian_kernel(sigma: float) -> np.ndarray:
@@ -75,7 +75,7 @@ def dog_value(a, b):
     return np.float32(128.0) + (a - b)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=CACHE)
 def dog_cpu(img, k1, k2):
     h, w = img.shape
     t1 = np.empty_like(img)
@@ -91,7 +91,7 @@ def dog_cpu(img, k1, k2):
     return out
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=CACHE)
 def bilateral_cpu(img, r, inv_ss, inv_sc):
     h, w = img.shape
     t = np.empty_like(img)

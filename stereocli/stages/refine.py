@@ -5,7 +5,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from . import shared
+from . import CACHE, shared
 
 
 @shared
@@ -83,7 +83,7 @@ def fill_row_at(disp, y, x, mode):
     return left if dl <= dr else right
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=CACHE)
 def lr_check_cpu(disp, disp_r, max_diff):
     h, w = disp.shape
     out = np.empty_like(disp)
@@ -93,7 +93,7 @@ def lr_check_cpu(disp, disp_r, max_diff):
     return out
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=CACHE)
 def median_cpu(disp, r):
     h, w = disp.shape
     out = np.empty_like(disp)
@@ -104,7 +104,7 @@ def median_cpu(disp, r):
     return out
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=CACHE)
 def fill_cpu(disp, mode):
     h, w = disp.shape
     out = np.empty_like(disp)
@@ -114,7 +114,7 @@ def fill_cpu(disp, mode):
     return out
 
 
-@njit(cache=True)
+@njit(cache=CACHE)
 def speckle_labels_cpu(disp, max_diff):
     """4-connected regions of valid pixels whose neighbours differ by at most max_diff.
     Returns (labels int32 HxW, -1 invalid; sizes per label)."""
@@ -153,7 +153,7 @@ def speckle_labels_cpu(disp, max_diff):
     return labels, sizes[:n]
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=CACHE)
 def speckle_apply_cpu(disp, labels, sizes, max_size):
     h, w = disp.shape
     out = np.empty_like(disp)

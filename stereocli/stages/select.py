@@ -8,7 +8,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from . import shared
+from . import CACHE, shared
 
 
 @shared
@@ -79,7 +79,7 @@ def wta_right_at(S, y, xr, min_d):
     return np.float32(best + min_d)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=CACHE)
 def wta_cpu(S, min_d, uniqueness, subpixel):
     h, w, _ = S.shape
     out = np.empty((h, w), np.float32)
@@ -89,7 +89,7 @@ def wta_cpu(S, min_d, uniqueness, subpixel):
     return out
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=CACHE)
 def wta_right_cpu(S, min_d):
     h, w, _ = S.shape
     out = np.empty((h, w), np.float32)
