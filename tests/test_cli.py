@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -96,6 +97,14 @@ def bad_cases(tmp):
     cv2.imwrite(str(other), np.zeros((20, 30), np.uint8))
     junk = tmp / "junk.png"
     junk.write_bytes(b"not an image")
+    empty = tmp / "empty.png"
+    empty.write_bytes(b"")
+    truncated = tmp / "truncated.png"
+    truncated.write_bytes(Path(LEFT).read_bytes()[:5000])
+    bomb = tmp / "bomb.png"
+    bomb.write_bytes(png_claiming(100000, 100000))
+    bad_pfm = tmp / "bad.pfm"
+    bad_pfm.write_bytes(b"Pf\n384 288\n-1.0\n" + b"\0" * 100)
     ok = ("-n", 16)
     return {
         "missing file": (("match", tmp / "nope.png", RIGHT, "-o", tmp / "o.pfm", *ok), "no such file"),
@@ -123,7 +132,23 @@ def bad_cases(tmp):
         "depth png": (("match", LEFT, RIGHT, "-o", tmp / "o.pfm", "--depth", tmp / "z.png", "--focal", 100,
                        "--baseline", 1, *ok), "float"),
         "batch no folder": (("batch", tmp / "nope", tmp, "-o", tmp / "out", *ok), "no such folder"),
+        "empty file": (("match", empty, RIGHT, "-o", tmp / "o.pfm", *ok), "is empty"),
+        "truncated png": (("match", LEFT, truncated, "-o", tmp / "o.pfm", *ok), "truncated PNG"),
+        "pixel bomb": (("match", bomb, RIGHT, "-o", tmp / "o.pfm", *ok), "OPENCV_IO_MAX_IMAGE_PIXELS"),
+        "eval damaged pfm": (("eval", bad_pfm, SAMPLE / "disp.pfm"), "truncated"),
+        "eval empty": (("eval", empty, SAMPLE / "disp.pfm"), "is empty"),
     }
+
+
+def png_claiming(width, height):
+    """A well-formed PNG whose header claims width x height pixels (a decompression bomb)."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b""))
 
 
 def other_odd(tmp):
@@ -136,7 +161,8 @@ def other_odd(tmp):
     "missing file", "unreadable", "size mismatch", "range too wide", "range outside", "negative window",
     "census too big", "unknown preset", "unknown cost", "unknown option", "missing folder", "no writer",
     "png range", "bad config", "p2 too big", "two stdins", "stdout no format", "format clash", "sbs odd width",
-    "depth no focal", "depth png", "batch no folder"])
+    "depth no focal", "depth png", "batch no folder", "empty file", "truncated png", "pixel bomb",
+    "eval damaged pfm", "eval empty"])
 def test_bad_input_is_one_line_exit_2_and_no_output(tmp_path, case):
     args, needle = bad_cases(tmp_path)[case]
     before = set(p.name for p in tmp_path.rglob("*"))

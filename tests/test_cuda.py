@@ -208,3 +208,34 @@ def test_pooled_buffers_do_not_leak_between_pairs():
             first = a
             assert GPU._pool.nbytes > 0  # the buffers came back
     assert same_maps(a, first).all()  # the same pair again, after another one
+
+
+def test_non_finite_input_pixels_give_the_same_invalid_map_on_both_devices():
+    left, right = textured_pair(h=24, w=36, shift=3, seed=13)
+    left[5, 10] = np.nan
+    left[7:9, 20] = np.inf
+    right[12, 15] = -np.inf
+    a, b = run_both(left, right, num_disparities=8)
+    assert np.isnan(a[5, 10]) and np.isnan(a[7:9, 20]).all()
+    assert same_maps(a, b).all()
+
+
+@pytest.mark.skipif(not REAL_GPU, reason="a 6000x4000 pair needs a real GPU")
+def test_large_pair_in_strips_is_identical_on_cpu_and_gpu():
+    """6000x4000 with 320 disparities: more than one standard strip. The strip layout
+    depends on the image, not the device's memory, so the maps are equal bit for bit."""
+    import cv2
+    rng = np.random.default_rng(7)
+    h, w = 4000, 6000
+    base = cv2.GaussianBlur(rng.integers(0, 256, (h, w + 320)).astype(np.float32), (5, 5), 1.2)
+    base = np.clip(base, 0, 255).astype(np.uint8)
+    left = np.ascontiguousarray(base[:, :w])
+    right = np.empty_like(left)
+    for y0 in range(0, h, 500):  # bands of disparity 40, 70, ..., 250: right(x) = left(x + d)
+        d = 40 + 30 * (y0 // 500)
+        right[y0:y0 + 500] = base[y0:y0 + 500, d:d + w]
+    params = config.load("default", None, {"num_disparities": 320})
+    a = pipeline.run(left, right, params, CPU)
+    b = pipeline.run(left, right, params, GPU)
+    assert a.strips == b.strips > 1 and not a.notes and not b.notes
+    assert same_maps(a.disparity, b.disparity).all()

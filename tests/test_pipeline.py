@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import stereocli
-from conftest import SAMPLE, textured_pair
+from conftest import SAMPLE, SHARED_DATA, textured_pair
 from stereocli import io, metrics
 from stereocli.config import COSTS
 
@@ -66,6 +66,49 @@ def test_strips_stay_close_to_the_unsplit_result():
     assert res.strips > 1
     same = np.isclose(res.disparity, whole, atol=0.5) | (np.isnan(res.disparity) & np.isnan(whole))
     assert same.mean() > 0.98
+
+
+class _CpuWithMemory:
+    """The CPU backend reporting a chosen amount of free memory."""
+
+    def __init__(self, free):
+        from stereocli.backends.cpu import CpuBackend
+        self._cpu, self._free = CpuBackend(), free
+
+    def free_memory(self):
+        return self._free
+
+    def __getattr__(self, name):
+        return getattr(self._cpu, name)
+
+
+def test_strip_layout_depends_on_the_image_not_on_free_memory():
+    from stereocli import config, pipeline
+    params = config.load("default", None, {"num_disparities": 320})
+    h, w = 4000, 6000  # 7.7 G volume cells: more than one standard strip
+    layouts = [pipeline.layout(h, w, params, _CpuWithMemory(free)) for free in (None, 2 ** 40, 2 ** 38)]
+    assert layouts[0] == layouts[1] == layouts[2]
+    strips, note = layouts[0]
+    assert note is None and len(strips) > 1
+    assert strips[0][2] == 0 and strips[-1][3] == h
+    assert all(a[3] == b[2] for a, b in zip(strips, strips[1:]))  # kept rows tile the image
+    small, note = pipeline.layout(h, w, params, _CpuWithMemory(2 ** 33))  # 8 GiB free: too little
+    assert len(small) > len(strips) and "--max-memory" in note
+
+
+def test_a_strip_run_of_a_shared_scene_scores_within_a_tenth_of_a_point_of_the_unsplit_run():
+    scene = SHARED_DATA / "teddy"
+    if not scene.exists():
+        pytest.skip("shared data not present")
+    from stereocli import config, pipeline
+    from stereocli.backends.cpu import CpuBackend
+    left, right = io.read_image(scene / "left.png"), io.read_image(scene / "right.png")
+    gt = io.read_disparity(scene / "disp.pfm")
+    whole, _ = stereocli.match(left, right, num_disparities=64)
+    res = pipeline.run(left, right, config.load("default", None, {"num_disparities": 64, "max_memory": 20}),
+                       CpuBackend())
+    assert res.strips >= 3
+    assert abs(metrics.evaluate(res.disparity, gt)["bad2"] - metrics.evaluate(whole, gt)["bad2"]) <= 0.001
 
 
 def test_memory_budget_too_small_is_a_user_error():

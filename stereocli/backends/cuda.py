@@ -23,12 +23,13 @@ numba_config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
 
 def gpu_summary():
     """[(key, value)] describing the current GPU, for `stereo info`."""
+    if K.SIM:
+        return [("gpu", "none: Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1), for tests only")]
     dev = cuda.get_current_device()
     free, total = cuda.current_context().get_memory_info()
     name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
     return [("gpu", name), ("compute cap.", "%d.%d" % dev.compute_capability),
-            ("gpu memory", f"{total / 2**30:.1f} GiB ({free / 2**30:.1f} GiB free)"),
-            ("simulator", "yes (NUMBA_ENABLE_CUDASIM=1)" if K.SIM else "no")]
+            ("gpu memory", f"{total / 2**30:.1f} GiB ({free / 2**30:.1f} GiB free)")]
 
 
 def _grid2(h, w, bx=32, by=8):
