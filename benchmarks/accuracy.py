@@ -2,27 +2,22 @@
 next to OpenCV StereoSGBM run in the same script with the settings of
 shared/data/README.md. One JSON line per scene, then a summary line.
 
-    python benchmarks/accuracy.py [DATA_DIR] [--preset NAME] [--device cpu|cuda]
+    python benchmarks/accuracy.py [DATA_DIR] [--preset NAME] [--device cpu|cuda] [--quick]
 """
 import argparse
 
 import cv2
 import numpy as np
 
-from common import DATA, SCENES, emit
+from common import DATA, QUICK_SCENES, SCENES, emit, opencv_disparity, opencv_sgbm
 
 import stereocli
 from stereocli import io, metrics
 
 
-def opencv_sgbm(left, right, ndisp):
+def opencv_map(left, right, ndisp):
     gl, gr = cv2.cvtColor(left, cv2.COLOR_BGR2GRAY), cv2.cvtColor(right, cv2.COLOR_BGR2GRAY)
-    sgbm = cv2.StereoSGBM_create(minDisparity=0, numDisparities=ndisp, blockSize=5, P1=8 * 25, P2=32 * 25,
-                                 disp12MaxDiff=1, uniquenessRatio=10, speckleWindowSize=100, speckleRange=2,
-                                 mode=cv2.STEREO_SGBM_MODE_HH)
-    d = sgbm.compute(gl, gr).astype(np.float32) / 16.0
-    d[d < 0] = np.nan
-    return d
+    return opencv_disparity(opencv_sgbm(ndisp), gl, gr)
 
 
 def main():
@@ -30,15 +25,16 @@ def main():
     ap.add_argument("data", nargs="?", default=str(DATA))
     ap.add_argument("--preset", default="default")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--quick", action="store_true", help="one small scene (a check that the script runs)")
     a = ap.parse_args()
     ours, theirs = [], []
-    for scene, ndisp in SCENES:
+    for scene, ndisp in QUICK_SCENES if a.quick else SCENES:
         d = f"{a.data}/{scene}"
         left, right = io.read_image(f"{d}/left.png"), io.read_image(f"{d}/right.png")
         gt = io.read_disparity(f"{d}/disp.pfm")
         disp, _ = stereocli.match(left, right, preset=a.preset, device=a.device, num_disparities=ndisp)
         m = metrics.evaluate(disp, gt)
-        o = metrics.evaluate(opencv_sgbm(left, right, ndisp), gt)
+        o = metrics.evaluate(opencv_map(left, right, ndisp), gt)
         ours.append(m["bad2"])
         theirs.append(o["bad2"])
         emit(scene=scene, num_disparities=ndisp, preset=a.preset, device=a.device,

@@ -6,7 +6,7 @@ one warm-up pair (kernel compile/cache load excluded). A peer line times the pla
 serial loop a user would write with OpenCV StereoSGBM (read, compute, write PNG) on
 the same pairs in the same process (CPU only).
 
-    python benchmarks/batch.py [DATA_DIR] [--pairs 200] [--device cpu|cuda] [-n 64] [--threads 4]
+    python benchmarks/batch.py [DATA_DIR] [--pairs 200] [--device cpu|cuda] [-n 64] [--threads 4] [--quick]
 """
 import argparse
 import shutil
@@ -15,9 +15,8 @@ import time
 from pathlib import Path
 
 import cv2
-import numpy as np
 
-from common import DATA, SCENES, emit
+from common import DATA, SCENES, emit, opencv_disparity, opencv_sgbm
 
 from stereocli import batch, config, io
 from stereocli.backends import get_backend
@@ -42,7 +41,10 @@ def main():
     ap.add_argument("--format", default="png")
     ap.add_argument("--preset", default="default")
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="4 pairs, 16 disparities (a check that the script runs)")
     a = ap.parse_args()
+    if a.quick:
+        a.pairs, a.num_disparities = 4, 16
     params = config.load(a.preset, None, {"num_disparities": a.num_disparities})
     backend = get_backend(a.device)
     ext = "." + a.format
@@ -64,17 +66,13 @@ def main():
              compute_busy=round(s.compute_ms / (wall * 1e3), 3))
         if a.no_peer:
             return
-        sgbm = cv2.StereoSGBM_create(minDisparity=0, numDisparities=a.num_disparities, blockSize=5, P1=8 * 25,
-                                     P2=32 * 25, disp12MaxDiff=1, uniquenessRatio=10, speckleWindowSize=100,
-                                     speckleRange=2, mode=cv2.STEREO_SGBM_MODE_HH)
+        sgbm = opencv_sgbm(a.num_disparities)
         (root / "cv").mkdir()
         t = time.perf_counter()
         for p in pairs:
             gl = cv2.imread(p.left, cv2.IMREAD_GRAYSCALE)
             gr = cv2.imread(p.right, cv2.IMREAD_GRAYSCALE)
-            d = sgbm.compute(gl, gr).astype(np.float32) / 16.0
-            d[d < 0] = np.nan
-            io.write_disparity(root / "cv" / p.output.name, d)
+            io.write_disparity(root / "cv" / Path(p.output).name, opencv_disparity(sgbm, gl, gr))
         wall_cv = time.perf_counter() - t
         emit(bench="opencv sgbm serial loop", pairs=len(pairs), num_disparities=a.num_disparities,
              wall_s=round(wall_cv, 3), pairs_per_s=round(len(pairs) / wall_cv, 2))

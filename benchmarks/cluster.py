@@ -5,7 +5,7 @@ user would for each worker count, and prints one JSON line per run: total wall t
 and the last finished pair, read from the --jsonl stream. A first small run fills the
 kernel cache so that no run pays the compile.
 
-    python benchmarks/cluster.py [DATA_DIR] [--pairs 400] [--device cuda] [--workers 1,2] [-n 64]
+    python benchmarks/cluster.py [DATA_DIR] [--pairs 400] [--device cuda] [--workers 1,2] [-n 64] [--quick]
 """
 import argparse
 import json
@@ -49,7 +49,11 @@ def main():
     ap.add_argument("--workers", default="1,2")
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("-n", "--num-disparities", type=int, default=64)
+    ap.add_argument("--quick", action="store_true",
+                    help="8 pairs, one CPU worker, 16 disparities (a check that the script runs)")
     a = ap.parse_args()
+    if a.quick:
+        a.pairs, a.device, a.workers, a.num_disparities, a.threads = 8, "cpu", "1", 16, 1
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         build_tree(Path(a.data), root, a.pairs)

@@ -2,14 +2,14 @@
 the same pairs in the same process; prints one JSON line per scene with per-stage ms
 and the ratio ours / OpenCV (best of N warm runs).
 
-    python benchmarks/cpu_vs_opencv.py [DATA_DIR] [--scenes teddy,cones] [--repeat 5]
+    python benchmarks/cpu_vs_opencv.py [DATA_DIR] [--scenes teddy,cones] [--repeat 5] [--quick]
 """
 import argparse
 
 import cv2
 import numba
 
-from common import DATA, SCENES, best_ms, emit
+from common import DATA, QUICK_SCENES, SCENES, best_ms, emit, opencv_sgbm
 
 from stereocli import config, io, pipeline
 from stereocli.backends.cpu import CpuBackend
@@ -21,7 +21,10 @@ def main():
     ap.add_argument("--scenes", default=",".join(s for s, _ in SCENES))
     ap.add_argument("--preset", default="default")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="one small scene, one run (a check that the script runs)")
     a = ap.parse_args()
+    if a.quick:
+        a.scenes, a.repeat = ",".join(s for s, _ in QUICK_SCENES), 1
     want = a.scenes.split(",")
     bk = CpuBackend()
     for scene, ndisp in SCENES:
@@ -36,9 +39,7 @@ def main():
 
         ours_ms = best_ms(ours, a.repeat)
         gl, gr = cv2.cvtColor(left, cv2.COLOR_BGR2GRAY), cv2.cvtColor(right, cv2.COLOR_BGR2GRAY)
-        sgbm = cv2.StereoSGBM_create(minDisparity=0, numDisparities=ndisp, blockSize=5, P1=8 * 25, P2=32 * 25,
-                                     disp12MaxDiff=1, uniquenessRatio=10, speckleWindowSize=100, speckleRange=2,
-                                     mode=cv2.STEREO_SGBM_MODE_HH)
+        sgbm = opencv_sgbm(ndisp)
         cv_ms = best_ms(lambda: sgbm.compute(gl, gr), a.repeat)
         h, w = gl.shape
         emit(scene=scene, width=w, height=h, num_disparities=ndisp, preset=a.preset, threads=numba.get_num_threads(),

@@ -2,7 +2,7 @@
 default preset. Prints one JSON line per device (strips, per-stage ms of each run,
 peak memory) and whether the two maps are identical.
 
-    python benchmarks/large_pair.py [--size 6000x4000] [--ndisp 320] [--runs 5] [--cpu-runs 1]
+    python benchmarks/large_pair.py [--size 6000x4000] [--ndisp 320] [--runs 5] [--cpu-runs 1] [--quick]
 """
 import argparse
 import resource
@@ -21,7 +21,10 @@ def main():
     ap.add_argument("--runs", type=int, default=5, help="consecutive GPU runs after a warm-up")
     ap.add_argument("--cpu-runs", type=int, default=1)
     ap.add_argument("--devices", default="cuda,cpu")
+    ap.add_argument("--quick", action="store_true", help="600x400, 32 disparities, CPU (a check that it runs)")
     args = ap.parse_args()
+    if args.quick:
+        args.size, args.ndisp, args.devices = "600x400", 32, "cpu"
     w, h = (int(v) for v in args.size.split("x"))
     left, right = pair(w, h)
 

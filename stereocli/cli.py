@@ -256,8 +256,6 @@ def eval_cmd(estimate, ground_truth, mask, max_disparity, as_json):
     """
     from pathlib import Path
 
-    import numpy as np
-
     from . import io, metrics
     est_p, gt_p = Path(estimate), Path(ground_truth)
     if est_p.is_dir() != gt_p.is_dir():
@@ -279,9 +277,7 @@ def eval_cmd(estimate, ground_truth, mask, max_disparity, as_json):
         if mask_img is not None and mask_img.shape != gt.shape:
             raise StereoError(f"--mask is {mask_img.shape[1]}x{mask_img.shape[0]} but {g} is "
                               f"{gt.shape[1]}x{gt.shape[0]}")
-        if mask_img is not None:
-            gt = np.where(mask_img, gt, np.nan)
-        c = metrics.counts(est, gt, max_disparity=max_disparity)
+        c = metrics.counts(est, gt, mask=mask_img, max_disparity=max_disparity)
         total = metrics.add(total, c)
         _print_metrics(str(e), metrics.summarize(c), as_json)
     if len(pairs) > 1:

@@ -74,11 +74,6 @@ class Params:
     def window_size(self) -> tuple[int, int]:
         return tuple(self.window) if self.window else DEFAULT_WINDOW[self.cost]
 
-    def replace(self, **changes) -> "Params":
-        p = dataclasses.replace(self, **changes)
-        p.validate()
-        return p
-
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["window"] = list(self.window_size())

@@ -26,7 +26,7 @@ import numpy as np
 from .config import Params
 from .errors import StereoError
 from .io import nonfinite_mask, to_grey
-from .stages import cost, preprocess
+from .stages import cost, preprocess, refine
 
 STRIP_OVERLAP = 48
 STRIP_CELLS = 2 ** 31  # volume cells (W x rows x D) of one strip: 3840x2160 with 256 disparities is one
@@ -196,7 +196,7 @@ def _run_strip(gl: np.ndarray, gr: np.ndarray, params: Params, bk, timer: _Timer
         disp = bk.speckle(disp, params.speckle_size, params.speckle_diff)
         timer.lap("speckle")
     if params.fill != "none":
-        disp = bk.fill(disp, 1 if params.fill == "background" else 2)
+        disp = bk.fill(disp, refine.FILL_MODES[params.fill])
         timer.lap("fill")
     if params.median > 1:
         disp = bk.median(disp, params.median // 2)
@@ -241,21 +241,21 @@ def cost_volume(bk, L, R, params: Params, min_d: int, ndisp: int):
         kind = cost.ABS if c == "sad" else cost.BT
         m = bk.box_mean(bk.diff_volume(L, R, min_d, ndisp, kind), rx, ry)
         none = bk.upload(np.zeros((1, 1), np.float32))
-        return bk.finalize_volume(m, min_d, 0, none, none, none, none)
+        return bk.finalize_volume(m, min_d, cost.MEAN, none, none, none, none)
     if c == "ssd":
         m = bk.box_mean(bk.diff_volume(L, R, min_d, ndisp, cost.SQ), rx, ry)
         none = bk.upload(np.zeros((1, 1), np.float32))
-        return bk.finalize_volume(m, min_d, 1, none, none, none, none)
+        return bk.finalize_volume(m, min_d, cost.RMS, none, none, none, none)
     ml = _plane(bk.box_mean(_as_volume(L), rx, ry))
     mr = _plane(bk.box_mean(_as_volume(R), rx, ry))
     if c == "zssd":
         m = bk.box_mean(bk.diff_volume(L, R, min_d, ndisp, cost.SQ), rx, ry)
-        return bk.finalize_volume(m, min_d, 2, ml, ml, mr, mr)
+        return bk.finalize_volume(m, min_d, cost.ZSSD, ml, ml, mr, mr)
     if c == "zncc":
         ml2 = _plane(bk.box_mean(bk.diff_volume(L, L, 0, 1, cost.PROD), rx, ry))
         mr2 = _plane(bk.box_mean(bk.diff_volume(R, R, 0, 1, cost.PROD), rx, ry))
         m = bk.box_mean(bk.diff_volume(L, R, min_d, ndisp, cost.PROD), rx, ry)
-        return bk.finalize_volume(m, min_d, 3, ml, ml2, mr, mr2)
+        return bk.finalize_volume(m, min_d, cost.ZNCC, ml, ml2, mr, mr2)
     raise StereoError(f"unknown cost {c!r}")
 
 

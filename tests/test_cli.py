@@ -87,9 +87,26 @@ def test_presets_command():
     assert r.returncode == 2 and "unknown preset" in r.stderr
 
 
-def test_help_has_examples():
-    r = stereo("match", "--help")
-    assert r.returncode == 0 and "Examples:" in r.stdout and "--num-disparities" in r.stdout
+@pytest.mark.parametrize("command", ["match", "batch", "eval", "presets", "info"])
+def test_every_help_example_parses(command):
+    """Each command's --help has examples, and the stereo part of every one of them is a
+    valid command line (no renamed or misspelt option)."""
+    import re
+    import shlex
+
+    from stereocli.cli import cli
+    r = stereo(command, "--help")
+    assert r.returncode == 0 and "Examples:" in r.stdout
+    text = re.sub(r"\\\n\s*", " ", r.stdout.split("Examples:")[1])  # join continued lines
+    calls = [seg.strip() for line in text.splitlines() for seg in line.split(" | ")
+             if re.search(r"(^|\s)stereo \w", seg)]
+    assert calls
+    for call in calls:
+        call = re.split(r"\s+#\s|\s+>\s", call)[0]
+        words = shlex.split(call)
+        words = words[words.index("stereo") + 1:]
+        assert words[0] in cli.commands, call
+        cli.commands[words[0]].make_context(words[0], words[1:])  # raises on an unknown option or value
 
 
 def bad_cases(tmp):

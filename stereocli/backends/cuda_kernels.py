@@ -17,6 +17,8 @@ from ..stages import refine as _ref
 from ..stages import select as _sel
 from ..stages import CACHE, SHARED
 
+OUTSIDE = _cost.OUTSIDE  # the cost of a match outside the right image
+
 
 _DEVICE = {}  # id of a CPU-compiled shared function -> its device twin
 
@@ -217,13 +219,13 @@ def census_kernel_for(wx, wy):
 @cuda.jit(device=True, inline=True)
 def _census_word(a, crow, xr0, w, tab, count):
     """`count` census costs packed in bytes: of the left string a against the right row's
-    strings at xr0, xr0 - 1, ... (255 outside the image); the Hamming distance with the
+    strings at xr0, xr0 - 1, ... (OUTSIDE beyond the image); the Hamming distance with the
     popc instruction (the CPU's census_cost_value counts the bits in software: the same
     number), scaled by the table tab."""
     word = uint32(0)
     for b in range(count):
         xr = xr0 - b
-        v = uint32(255)
+        v = uint32(OUTSIDE)
         if xr >= 0 and xr < w:
             v = tab[cuda.popc(a ^ crow[uint32(xr)])]
         word |= v << uint32(8 * b)
@@ -273,7 +275,7 @@ def census_volume_kernel(cl, cr, min_d, scale, vol):
         if xr >= 0 and xr < w:
             vol[y, x, d] = census_cost_value(cl[y, x], cr[y, xr], scale)
         else:
-            vol[y, x, d] = 255
+            vol[y, x, d] = OUTSIDE
 
 
 @cuda.jit(cache=CACHE)
@@ -333,7 +335,7 @@ def table_volume_kernel(ql, qr, table, min_d, vol):
         if xr >= 0 and xr < w:
             vol[y, x, d] = table[ql[y, x], qr[y, xr]]
         else:
-            vol[y, x, d] = 255
+            vol[y, x, d] = OUTSIDE
 
 
 @cuda.jit(cache=CACHE)

@@ -21,6 +21,9 @@ COST_SCALE = np.float32(4.0)  # grey-level differences -> cost units
 
 # per-pixel difference kinds for diff_volume
 ABS, SQ, PROD, BT = 0, 1, 2, 3
+# what finalize_volume makes of window means: mean difference (SAD, BT), root mean
+# square (SSD), zero-mean SSD, ZNCC
+MEAN, RMS, ZSSD, ZNCC = 0, 1, 2, 3
 
 M1 = np.uint64(0x5555555555555555)
 M2 = np.uint64(0x3333333333333333)
@@ -65,11 +68,11 @@ def pixel_diff(L, R, y, x, xr, kind):
     """Per-pixel term of a window cost between L[y, x] and R[y, xr] (xr inside the image)."""
     a = L[y, x]
     b = R[y, xr]
-    if kind == 0:
+    if kind == ABS:
         return abs(a - b)
-    if kind == 1:
+    if kind == SQ:
         return (a - b) * (a - b)
-    if kind == 2:
+    if kind == PROD:
         return a * b
     # Birchfield-Tomasi: distance of each pixel to the other's half-pixel interpolated range
     w = L.shape[1]
@@ -89,9 +92,9 @@ def pixel_diff(L, R, y, x, xr, kind):
 @shared
 def scaled_cost(v):
     """A mean grey-level difference (0..255) -> cost units, saturating at 255."""
-    c = v * np.float32(4.0) + np.float32(0.5)
-    if not c < np.float32(255.0):
-        return np.uint8(255)
+    c = v * COST_SCALE + np.float32(0.5)
+    if not c < np.float32(OUTSIDE):
+        return np.uint8(OUTSIDE)
     if c < np.float32(0.0):
         return np.uint8(0)
     return np.uint8(c)
@@ -135,12 +138,12 @@ def census_volume_cpu(cl, cr, min_d, ndisp, scale):
             lo = min(max(x - min_d - (w - 1), 0), ndisp)
             hi = max(min(x - min_d + 1, ndisp), lo)
             for d in range(lo):
-                vol[y, x, d] = 255
+                vol[y, x, d] = OUTSIDE
             a = cl[y, x]
             for d in range(lo, hi):
                 vol[y, x, d] = census_cost_value(a, cr[y, x - min_d - d], scale)
             for d in range(hi, ndisp):
-                vol[y, x, d] = 255
+                vol[y, x, d] = OUTSIDE
     return vol
 
 
@@ -189,17 +192,17 @@ def box_mean_cpu(V, rx, ry):
 
 @shared
 def finalize_at(M, y, x, d, min_d, kind, ml, ml2, mr, mr2):
-    """Window means -> cost units of one element. kind: 0 = mean difference (SAD, BT),
-    1 = mean square (SSD: RMS), 2 = zero-mean SSD, 3 = ZNCC (M holds mean of L*R)."""
+    """Window means -> cost units of one element. kind: MEAN (of differences: SAD, BT),
+    RMS (of squares: SSD), ZSSD (zero-mean SSD), ZNCC (M holds the mean of L*R)."""
     w = M.shape[1]
     xr = x - min_d - d
     if xr < 0 or xr >= w:
-        return np.uint8(255)
-    if kind == 0:
+        return np.uint8(OUTSIDE)
+    if kind == MEAN:
         return scaled_cost(M[y, x, d])
-    if kind == 1:
+    if kind == RMS:
         return scaled_cost(math.sqrt(max(M[y, x, d], np.float32(0.0))))  # running sums can dip below 0
-    if kind == 2:
+    if kind == ZSSD:
         return scaled_cost(zssd_value(M[y, x, d], ml[y, x], mr[y, xr]))
     return zncc_cost_value(M[y, x, d], ml[y, x], ml2[y, x], mr[y, xr], mr2[y, xr])
 
@@ -228,7 +231,7 @@ def table_volume_cpu(ql, qr, table, min_d, ndisp):
                 if xr >= 0 and xr < w:
                     vol[y, x, d] = table[ql[y, x], qr[y, xr]]
                 else:
-                    vol[y, x, d] = 255
+                    vol[y, x, d] = OUTSIDE
     return vol
 
 

@@ -7,6 +7,9 @@ from numba import njit, prange
 
 from . import CACHE, shared
 
+BACKGROUND, NEAREST = 1, 2  # fill modes: take the smaller neighbour disparity, or the closer one
+FILL_MODES = {"background": BACKGROUND, "nearest": NEAREST}
+
 
 @shared
 def lr_check_at(disp, disp_r, y, x, max_diff):
@@ -53,7 +56,7 @@ def median_at(disp, y, x, r, window):
 @shared
 def fill_row_at(disp, y, x, mode):
     """Value for an invalid pixel from the nearest valid pixels left and right on its
-    row: mode 1 (background) takes the smaller disparity, mode 2 (nearest) the closer."""
+    row: mode BACKGROUND takes the smaller disparity, NEAREST the closer."""
     c = disp[y, x]
     if c == c:
         return c
@@ -78,7 +81,7 @@ def fill_row_at(disp, y, x, mode):
         return right
     if not right == right:
         return left
-    if mode == 1:
+    if mode == BACKGROUND:
         return min(left, right)
     return left if dl <= dr else right
 
