@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import re
+import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -200,18 +202,18 @@ def find_pairs(left_dir, right_dir, out_dir, ext: str, left_glob=None, right_glo
     return pairs
 
 
-def read_pairs_file(text: str, out_dir, ext: str, sbs: bool = False, source: str = "--pairs") -> list[Pair]:
-    """Lines `left<TAB>right[<TAB>output]` (`frame[<TAB>output]` with --sbs); # comments, blank lines."""
-    pairs = []
+def iter_pairs_lines(lines, out_dir, ext: str, sbs: bool = False, source: str = "--pairs"):
+    """Pairs from lines `left<TAB>right[<TAB>output]` (`frame[<TAB>output]` with --sbs), one
+    as soon as its line is read (standard input streams); # comments and blank lines skipped."""
     need = 1 if sbs else 2
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate(lines, 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         fields = line.rstrip("\r\n").split("\t")
         if len(fields) < need or len(fields) > need + 1 or not all(fields):
             want = "frame[<TAB>output]" if sbs else "left<TAB>right[<TAB>output]"
-            pairs.append(Pair(fields[0], None, io.join(out_dir, f"line{n}{ext}"), f"line{n}",
-                              error=f"{source} line {n}: expected {want}, got {len(fields)} field(s)"))
+            yield Pair(fields[0], None, io.join(out_dir, f"line{n}{ext}"), f"line{n}",
+                       error=f"{source} line {n}: expected {want}, got {len(fields)} field(s)")
             continue
         left = fields[0]
         right = None if sbs else fields[1]
@@ -223,32 +225,58 @@ def read_pairs_file(text: str, out_dir, ext: str, sbs: bool = False, source: str
                 out = io.join(out_dir, out)
         else:
             out = io.join(out_dir, PurePosixPath(left).stem + ext)
-        pairs.append(Pair(left, right, out, PurePosixPath(out).stem))
+        yield Pair(left, right, out, PurePosixPath(out).stem)
+
+
+def read_pairs_file(text: str, out_dir, ext: str, sbs: bool = False, source: str = "--pairs") -> list[Pair]:
+    """All the pairs of a --pairs file's text (see iter_pairs_lines); none is an error."""
+    pairs = list(iter_pairs_lines(text.splitlines(), out_dir, ext, sbs, source))
     if not pairs:
         raise StereoError(f"{source} holds no pairs; give lines 'left<TAB>right[<TAB>output]'")
     return pairs
 
 
-def attach_ground_truth(pairs: list[Pair], gt_dir, gt_glob=None) -> None:
-    """Give each pair the ground-truth file with the same key (by default: output name)."""
+def attach_ground_truth(pairs, gt_dir, gt_glob=None):
+    """Give each pair the ground-truth file with the same key (by default: output name).
+    `pairs` may be a stream: the pairs are returned as they come, each with its `gt`."""
     gts = Pattern(gt_glob, suffixes=set(io.DISPARITY_FORMATS), what="--gt-glob").files(_folder(gt_dir, "--gt-dir"))
     by_name = {Path(name).name: f for f, name in gts.values()}
-    for p in pairs:
+
+    def attach(p):
         hit = gts.get(p.key)
         p.gt = hit[0] if hit else by_name.get(PurePosixPath(p.output).stem)
+        return p
+    return [attach(p) for p in pairs] if isinstance(pairs, list) else map(attach, pairs)
+
+
+def checked_stream(pairs):
+    """check_outputs for a stream of pairs: a pair that would write another's output, or
+    over its own inputs, fails (as one bad pair) instead of stopping the others."""
+    seen = {}
+    for p in pairs:
+        if p.error is None:
+            out = _real(p.output)
+            if out in seen:
+                p.error = f"{seen[out]} already writes {p.output}; give each pair its own output"
+            elif out in {_real(x) for x in (p.left, p.right) if x and x != "-"}:
+                p.error = f"the output {p.output} would overwrite an input image"
+            else:
+                seen[out] = p.left
+        yield p
+
+
+def _real(x):
+    return x if io.is_url(x) else os.path.realpath(x)
 
 
 def check_outputs(pairs: list[Pair]) -> None:
     """Before any work: no two pairs share an output, no output overwrites an input."""
     seen = {}
-    def real(x):
-        return x if io.is_url(x) else os.path.realpath(x)
-
-    inputs = {real(x) for p in pairs for x in (p.left, p.right) if x and x != "-"}
+    inputs = {_real(x) for p in pairs for x in (p.left, p.right) if x and x != "-"}
     for p in pairs:
         if p.error:
             continue
-        real_out = real(p.output)
+        real_out = _real(p.output)
         if real_out in seen:
             raise StereoError(f"{p.left} and {seen[real_out]} would both write {p.output}; "
                               f"give outputs in --pairs or a pattern with {{name}}")
@@ -320,33 +348,37 @@ def _result_fields(result) -> dict:
     return out
 
 
-def run(pairs: list[Pair], params, backend, ext: str, *, threads: int = 4, skip_existing: bool = False,
+def run(pairs, params, backend, ext: str, *, threads: int = 4, skip_existing: bool = False,
         on_event=None, max_disparity=None, summary: Summary | None = None) -> Summary:
     """Match every pair; one bad pair is reported (event status "failed") and skipped.
+    `pairs` may be a list or a stream (e.g. lines of standard input): each pair starts
+    as soon as it arrives, and its event is passed on as soon as its map is written,
+    also while the next pair has not arrived yet.
     KeyboardInterrupt stops after the writes in flight finish (outputs are written whole
     or not at all) and is re-raised, with `summary.interrupted` set on `summary`."""
     summary = summary if summary is not None else Summary()
     on_event = on_event or (lambda ev: None)
     start = time.perf_counter()
-    todo = deque()
-    for p in pairs:
-        if p.error is None and skip_existing and io.exists(p.output):
-            on_event(summary.record(_event(p, "skipped")))
-        else:
-            todo.append(p)
     lookahead = max(2, 2 * threads)
     readers = ThreadPoolExecutor(threads, thread_name_prefix="stereo-read")
     writers = ThreadPoolExecutor(threads, thread_name_prefix="stereo-write")
-    reads: deque = deque()  # (pair, future) in order
+    reads: queue.Queue = queue.Queue(maxsize=lookahead)  # (pair, read future or None), in order; END last
     writes: deque = deque()  # (pair, future, event)
-    queue = iter(todo)
+    stop = threading.Event()
 
-    def refill():
-        while len(reads) < lookahead:
-            p = next(queue, None)
-            if p is None:
-                return
-            reads.append((p, None if p.error else readers.submit(load_pair, p)))
+    def feed():
+        """Thread: take pairs from the (possibly blocking) source, start their reads."""
+        try:
+            for p in pairs:
+                if stop.is_set():
+                    break
+                if p.error is None and skip_existing and io.exists(p.output):
+                    reads.put((p, "skipped"))
+                else:
+                    reads.put((p, None if p.error else readers.submit(load_pair, p)))
+        except BaseException as e:  # a broken source ends the batch with its error
+            reads.put((None, e))
+        reads.put(_END)
 
     def report(ev, counts=None):
         on_event(summary.record(ev, counts))
@@ -362,11 +394,27 @@ def run(pairs: list[Pair], params, backend, ext: str, *, threads: int = 4, skip_
             ev["write_ms"] = round(write_ms, 3)
             report(ev, counts)
 
+    def next_read():
+        """The next (pair, read) in order; meanwhile report the writes that finish."""
+        while True:
+            try:
+                return reads.get(timeout=0.02 if writes else None)
+            except queue.Empty:
+                finish(block=False)
+
+    feeder = threading.Thread(target=feed, name="stereo-feed", daemon=True)
+    feeder.start()
     try:
-        refill()
-        while reads:
-            p, fut = reads.popleft()
-            refill()
+        while True:
+            item = next_read()
+            if item is _END:
+                break
+            p, fut = item
+            if p is None:
+                raise fut
+            if fut == "skipped":
+                report(_event(p, "skipped"))
+                continue
             if p.error:
                 report(failed_event(p, p.error))
                 continue
@@ -383,9 +431,14 @@ def run(pairs: list[Pair], params, backend, ext: str, *, threads: int = 4, skip_
         finish(block=True)
     except KeyboardInterrupt:
         summary.interrupted = True
-        for _, f in reads:
-            if f is not None:
-                f.cancel()
+        stop.set()
+        while True:  # cancel the reads queued so far (and let a blocked feeder go on to see `stop`)
+            try:
+                item = reads.get_nowait()
+            except queue.Empty:
+                break
+            if item is not _END and hasattr(item[1], "cancel"):
+                item[1].cancel()
         finish(block=True)  # let the writes in flight complete: no half-written outputs
         raise
     finally:
@@ -393,6 +446,9 @@ def run(pairs: list[Pair], params, backend, ext: str, *, threads: int = 4, skip_
         writers.shutdown(wait=True)
         summary.seconds = time.perf_counter() - start
     return summary
+
+
+_END = object()
 
 
 def raise_interrupt(e: BaseException) -> None:

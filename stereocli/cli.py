@@ -302,7 +302,8 @@ def _print_metrics(name, m, as_json, err=False):
                                   "'left_{name}.png' [every image].")
 @click.option("--right-glob", help="Pattern of right images inside RIGHT_DIR [same as --left-glob].")
 @click.option("--pairs", "pairs_file", type=click.Path(dir_okay=False, allow_dash=True),
-              help="File of lines 'left<TAB>right[<TAB>output]' instead of folders; '-' = stdin. Relative "
+              help="File of lines 'left<TAB>right[<TAB>output]' instead of folders; '-' = stdin, matched line by "
+                   "line as the lines arrive (a pipeline's stream). Relative "
                    "inputs are relative to the current folder, relative outputs to -o. Paths may be fsspec URLs "
                    "(s3://..., file://...).")
 @click.option("--sbs", is_flag=True, help="Inputs are side-by-side frames (left half | right half); one folder.")
@@ -345,6 +346,7 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, threads
       stereo batch mb/ mb/ -o out/ --left-glob '*/im0.png' --right-glob '*/im1.png' --format pfm
       stereo batch frames/ --sbs -o disp/ --skip-existing
       find . -name 'l_*.png' | sed 's/\\(.*\\)l_\\(.*\\)/&\\t\\1r_\\2/' | stereo batch --pairs - -o out/
+      producer | stereo batch --pairs - -o out/ --jsonl | consumer   # one process serves a stream
       stereo batch left/ right/ -o disp/ --jsonl | jq -c 'select(.status != "ok")'
       stereo batch left/ right/ -o disp/ --scheduler local --device cuda   # one worker per GPU
       stereo batch /shared/left /shared/right -o /shared/out --scheduler tcp://head:8786
@@ -369,7 +371,10 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, threads
         raise click.UsageError("give one folder of side-by-side frames with --sbs" if sbs
                                else "give LEFT_DIR and RIGHT_DIR (or --pairs FILE)")
     out = out_dir
-    if pairs_file:
+    stream = pairs_file == "-" and not scheduler  # match each line's pair as soon as it arrives
+    if stream:
+        pairs = B.checked_stream(B.iter_pairs_lines(sys.stdin, out, ext, sbs, "--pairs (stdin)"))
+    elif pairs_file:
         if pairs_file == "-":
             text, source = sys.stdin.read(), "--pairs (stdin)"
         else:
@@ -381,8 +386,9 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, threads
     else:
         pairs = B.find_pairs(folders[0], None if sbs else folders[1], out, ext, left_glob, right_glob, sbs)
     if gt_dir:
-        B.attach_ground_truth(pairs, gt_dir, gt_glob)
-    B.check_outputs(pairs)
+        pairs = B.attach_ground_truth(pairs, gt_dir, gt_glob)
+    if not stream:
+        B.check_outputs(pairs)
     if not io.is_url(out):
         try:
             Path(out).mkdir(parents=True, exist_ok=True)
@@ -390,7 +396,7 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, threads
             raise StereoError(f"cannot create the output folder {out}: {e.strerror}") from None
     if workers and scheduler != "local":
         raise click.UsageError("--workers goes with --scheduler local (a remote cluster has its own workers)")
-    show_bar = progress if progress is not None else sys.stderr.isatty()
+    show_bar = not stream and (progress if progress is not None else sys.stderr.isatty())
     warn = (lambda m: click.echo(f"stereo: {m}", err=True)) if show_bar else None
     if scheduler:
         device_name = f"dask {scheduler}"
@@ -398,13 +404,15 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, threads
         backend = get_backend(kw["device"], warn=warn)
         device_name = backend.name
     summary = B.Summary()
-    bar = click.progressbar(length=len(pairs), label="matching", file=sys.stderr, hidden=not show_bar,
-                            show_pos=True, show_eta=True, item_show_func=lambda s: s, width=24)
+    bar = click.progressbar(length=0 if stream else len(pairs), label="matching", file=sys.stderr,
+                            hidden=not show_bar, show_pos=True, show_eta=True, item_show_func=lambda s: s, width=24)
     t0 = time.perf_counter()
-
     notes_told = set()
+    no_gt = 0
 
     def on_event(ev):
+        nonlocal no_gt
+        no_gt += bool(gt_dir) and "gt" not in ev
         for note in ev.get("notes", ()):
             if note not in notes_told:
                 notes_told.add(note)
@@ -429,8 +437,10 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, threads
                       on_event=on_event, max_disparity=max_disparity, summary=summary)
         except KeyboardInterrupt:
             code = 130
-    no_gt = sum(1 for p in pairs if p.gt is None) if gt_dir else 0
-    _print_batch_summary(summary, len(pairs), bool(gt_dir), no_gt, jsonl, device_name)
+    if stream and summary.total == 0 and not code:
+        raise StereoError("--pairs (stdin) held no pairs; give lines 'left<TAB>right[<TAB>output]'")
+    _print_batch_summary(summary, summary.total if stream else len(pairs), bool(gt_dir), no_gt, jsonl,
+                         device_name)
     if code:
         return code
     return 1 if summary.failed else 0

@@ -149,6 +149,35 @@ def test_pairs_from_stdin_with_outputs(tmp_path, crops):
         assert same_map(io.read_disparity(tmp_path / f"out/sub/pair{i}.tiff"), expected(*crops[i]))
 
 
+def test_a_slow_producer_streams_each_pairs_line_out_as_soon_as_its_map_is_written(tmp_path, crops):
+    """`producer | stereo batch --pairs - --jsonl | consumer`: each pair is matched when
+    its line arrives and reported when written, while standard input is still open."""
+    import select
+    lines = []
+    for i, (l_img, r_img) in enumerate(crops[:2]):
+        cv2.imwrite(str(tmp_path / f"a{i}.png"), l_img)
+        cv2.imwrite(str(tmp_path / f"b{i}.png"), r_img)
+        lines.append(f"{tmp_path / f'a{i}.png'}\t{tmp_path / f'b{i}.png'}\tpair{i}\n")
+    p = subprocess.Popen([sys.executable, "-m", "stereocli.cli", "batch", "--pairs", "-", "-o", str(tmp_path / "out"),
+                          "--format", "pfm", "--jsonl", *map(str, N)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+    try:
+        for i, line in enumerate(lines):
+            p.stdin.write(line)
+            p.stdin.flush()  # ... and the producer waits: stdin stays open
+            ready, _, _ = select.select([p.stdout], [], [], 120)
+            assert ready, "no JSON line while standard input was open"
+            ev = json.loads(p.stdout.readline())
+            assert ev["status"] == "ok" and ev["output"].endswith(f"pair{i}.pfm")
+            assert same_map(io.read_disparity(ev["output"]), expected(*crops[i]))
+        p.stdin.close()
+        rest = p.stdout.read().splitlines()
+        assert p.wait(timeout=60) == 0, p.stderr.read()
+        assert json.loads(rest[-1])["summary"]["done"] == 2
+    finally:
+        p.kill()
+
+
 def test_ctrl_c_stops_cleanly_and_resume_finishes(tmp_path):
     left, right = cv2.imread(str(SAMPLE / "left.png")), cv2.imread(str(SAMPLE / "right.png"))
     (tmp_path / "L").mkdir()
