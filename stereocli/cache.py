@@ -72,6 +72,19 @@ else:
           f"a cache, so every run compiles (set STEREOCLI_CACHE_DIR to a writable folder)", file=sys.stderr)
 
 
+def is_cold() -> bool:
+    """True when nothing of this install's kernels is cached yet (its first run compiles)."""
+    if not ENABLED:
+        return True
+    import hashlib
+    stages = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stages")
+    sub = os.path.join(DIR, "stages_" + hashlib.sha1(stages.encode()).hexdigest())
+    try:
+        return not any(n.endswith(".nbi") for n in os.listdir(sub))
+    except OSError:
+        return True
+
+
 def describe() -> str:
     """One line for `stereo info`."""
     if not ENABLED:

@@ -174,6 +174,7 @@ def match(left, right, output, fmt, sbs, preview, depth_out, ply_out, focal, bas
         right_img = io.read_image(right)
     warn = (lambda m: click.echo(f"stereo: {m}", err=True)) if timings else None
     backend = get_backend(kw["device"], warn=warn)
+    _say_if_compiling()
     result = pipeline.run(left_img, right_img, params, backend)
     for note in result.notes:
         click.echo(f"stereo: note: {note}", err=True)
@@ -203,6 +204,14 @@ def match(left, right, output, fmt, sbs, preview, depth_out, ply_out, focal, bas
             "timings_ms": {k: round(v, 3) for k, v in result.timings.items()},
             "total_ms": round(result.total_ms, 3), "params": params.as_dict(),
         }))
+
+
+def _say_if_compiling():
+    """On a terminal, a line instead of a silent wait when this install's kernels are not cached yet."""
+    from . import cache
+    if sys.stderr.isatty() and cache.is_cold():
+        click.echo(f"stereo: compiling the kernels for this install (once; about 20 s on 2 cores), cached in "
+                   f"{cache.DIR} ('stereo info --warm-up' does it ahead)", err=True)
 
 
 def _print_timings(result, backend, w, h, params):
@@ -403,6 +412,7 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, threads
     else:
         backend = get_backend(kw["device"], warn=warn)
         device_name = backend.name
+        _say_if_compiling()
     summary = B.Summary()
     bar = click.progressbar(length=0 if stream else len(pairs), label="matching", file=sys.stderr,
                             hidden=not show_bar, show_pos=True, show_eta=True, item_show_func=lambda s: s, width=24)
@@ -473,7 +483,10 @@ def _print_batch_summary(s, total, with_gt, no_gt, jsonl, device):
 @cli.command()
 @click.option("--clear-cache", is_flag=True,
               help="Delete stereocli's compiled kernels from the cache folder (the next run compiles again).")
-def info(clear_cache):
+@click.option("--warm-up", "warm", is_flag=True,
+              help="Compile the kernels of the presets now (CPU, and CUDA when usable), e.g. in a Dockerfile, "
+                   "so that no later run waits for the compiler.")
+def info(clear_cache, warm):
     """Versions, CUDA availability, GPU and compiled-kernel cache: what to paste in a bug report.
 
     Compiled kernels are cached in a per-user folder: $STEREOCLI_CACHE_DIR, else
@@ -484,6 +497,7 @@ def info(clear_cache):
     Examples:
       stereo info
       stereo info --clear-cache
+      stereo info --warm-up          # compile everything now (a Dockerfile's RUN step)
       STEREOCLI_CACHE_DIR=/opt/stereo-cache stereo match l.png r.png -o d.pfm
     """
     import platform
@@ -510,6 +524,12 @@ def info(clear_cache):
     if ok:
         from .backends.cuda import gpu_summary
         rows.extend(gpu_summary())
+    if warm:
+        from . import pipeline
+        from .backends import get_backend
+        for device in ("cpu", "cuda") if ok else ("cpu",):
+            click.echo(f"stereo: compiling the {device} kernels (minutes on a small machine) ...", err=True)
+            pipeline.warm_up(get_backend(device), report=lambda m: click.echo(f"stereo:   {m}", err=True))
     rows.append(("kernel cache", cache.describe()))
     for k, v in rows:
         click.echo(f"{k:<14}{v}")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import cv2
 import numpy as np
 
-from .config import Params
+from .config import Params, load
 from .errors import StereoError
 from .io import nonfinite_mask, to_grey
 from .stages import cost, preprocess, refine
@@ -154,6 +154,25 @@ def run(left, right, params: Params, backend) -> Result:
     _invalidate_nonfinite(out, left, right)
     return Result(out, {s: timer.ms[s] for s in STAGES if s in timer.ms}, len(strips), backend.name,
                   [note] if note else [])
+
+
+WARM_UP_PRESETS = ("default", "fast", "quality")
+WARM_UP_DISPARITIES = (64, 128, 256)  # GPU kernels are specialised by the count; CPU kernels are not
+
+
+def warm_up(backend, report=None) -> None:
+    """Compile (or load) the kernels of the presets on a small random pair, so that later
+    runs start at once; `report(text)` hears each step."""
+    rng = np.random.default_rng(0)
+    left = rng.integers(0, 256, (48, 300), dtype=np.uint8)
+    right = np.roll(left, -5, axis=1)
+    counts = WARM_UP_DISPARITIES if backend.name == "cuda" else WARM_UP_DISPARITIES[:1]
+    for preset in WARM_UP_PRESETS:
+        for n in counts:
+            t = time.perf_counter()
+            run(left, right, load(preset, None, {"num_disparities": n}), backend)
+            if report:
+                report(f"{backend.name}: preset {preset}, {n} disparities: {time.perf_counter() - t:.1f} s")
 
 
 def _invalidate_nonfinite(disp: np.ndarray, left: np.ndarray, right: np.ndarray) -> None:

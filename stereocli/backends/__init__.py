@@ -5,11 +5,26 @@ them and never asks which device it runs on.
 """
 from __future__ import annotations
 
+import os
+import sys
+
 from ..errors import StereoError
+
+# Device nodes of an NVIDIA driver on Linux (/dev/dxg: a GPU shared into WSL2).
+_NVIDIA_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg")
+
+
+def _surely_no_gpu() -> bool:
+    """A Linux machine with no NVIDIA device node has no usable GPU: say so without
+    importing numba.cuda and probing the driver (about 0.3 s of every CPU run)."""
+    return (sys.platform.startswith("linux") and os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "0"
+            and not any(os.path.exists(p) for p in _NVIDIA_NODES))
 
 
 def cuda_status() -> tuple[bool, str]:
     """(usable, reason): whether the CUDA backend can run here, and why not."""
+    if _surely_no_gpu():
+        return False, "no NVIDIA GPU or driver was found (no /dev/nvidia* device)"
     try:
         from numba import cuda
     except Exception as e:  # pragma: no cover - depends on the install
