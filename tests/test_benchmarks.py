@@ -19,6 +19,7 @@ pytestmark = pytest.mark.skipif(not SHARED_DATA.exists(), reason="the benchmarks
     ("batch.py", ["--quick"]),
     ("cluster.py", ["--quick"]),
     ("large_pair.py", ["--quick"]),
+    ("startup.py", ["--quick"]),
 ])
 def test_benchmark_runs_and_prints_json_lines(script, args):
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
