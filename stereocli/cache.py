@@ -91,7 +91,8 @@ def describe() -> str:
         return f"{DIR} (from {SOURCE}): not writable ({PROBLEM}), kernels are not cached"
     files = list(_our_files())
     size = sum(_size(f) for f in files)
-    return f"{DIR} (from {SOURCE}; STEREOCLI_CACHE_DIR overrides): {len(files)} files, {size / 2 ** 20:.1f} MiB"
+    hint = "" if SOURCE == "STEREOCLI_CACHE_DIR" else "; STEREOCLI_CACHE_DIR overrides"
+    return f"{DIR} (from {SOURCE}{hint}): {len(files)} files, {size / 2 ** 20:.1f} MiB"
 
 
 def _size(path: str) -> int:
