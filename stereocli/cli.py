@@ -155,7 +155,7 @@ def match(left, right, output, fmt, sbs, preview, depth_out, ply_out, focal, bas
     else:
         out_path, ext = io.check_output_path(output, fmt)
     if ext == ".png":
-        io.check_png_range(params.min_disparity, params.num_disparities)
+        io.check_png_range(params.min_disparity, params.max_disparity)
     if preview:
         io.check_preview_path(preview)
     cam = geometry.camera(focal, baseline, doffs, calib)
@@ -185,8 +185,7 @@ def match(left, right, output, fmt, sbs, preview, depth_out, ply_out, focal, bas
     else:
         io.write_disparity(out_path, result.disparity, ext)
     if preview:
-        io.write_preview(preview, result.disparity, params.min_disparity,
-                         params.min_disparity + params.num_disparities - 1)
+        io.write_preview(preview, result.disparity, params.min_disparity, params.max_disparity)
     if depth_out:
         io.write_disparity(depth_path, geometry.depth(result.disparity, cam))
     if ply_out:
@@ -216,7 +215,7 @@ def _say_if_compiling():
 
 def _print_timings(result, backend, w, h, params):
     lines = [f"device: {backend.describe()}   size: {w}x{h}   disparities: "
-             f"{params.min_disparity}..{params.min_disparity + params.num_disparities - 1}   strips: {result.strips}"]
+             f"{params.min_disparity}..{params.max_disparity}   strips: {result.strips}"]
     for stage, ms in result.timings.items():
         lines.append(f"  {stage:<11}{ms:10.2f} ms")
     lines.append(f"  {'total':<11}{result.total_ms:10.2f} ms")
@@ -372,7 +371,7 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, threads
         cluster._require_dask()
     ext = "." + fmt
     if ext == ".png":
-        io.check_png_range(params.min_disparity, params.num_disparities)
+        io.check_png_range(params.min_disparity, params.max_disparity)
     want = 0 if pairs_file else (1 if sbs else 2)
     if len(folders) != want:
         if pairs_file:

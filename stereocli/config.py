@@ -71,6 +71,11 @@ class Params:
     # memory budget for one strip's volumes in MiB (0 = automatic)
     max_memory: int = 0
 
+    @property
+    def max_disparity(self) -> int:
+        """The largest disparity searched (the range is min_disparity..max_disparity)."""
+        return self.min_disparity + self.num_disparities - 1
+
     def window_size(self) -> tuple[int, int]:
         return tuple(self.window) if self.window else DEFAULT_WINDOW[self.cost]
 

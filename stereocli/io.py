@@ -221,8 +221,8 @@ def check_output_path(path: str | os.PathLike, fmt: str | None = None) -> tuple[
     return p, ext
 
 
-def check_png_range(min_disparity: int, num_disparities: int) -> None:
-    hi = min_disparity + num_disparities - 1
+def check_png_range(min_disparity: int, hi: int) -> None:
+    """A 16-bit PNG (d * 256) holds the range min_disparity..hi, or a StereoError says what to write instead."""
     if min_disparity < 0 or hi + 0.5 > PNG_MAX:
         raise StereoError(f"a 16-bit PNG holds disparities 0..255 but the range is "
                           f"{min_disparity}..{hi}; write .pfm, .npy or .tiff instead")

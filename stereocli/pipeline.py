@@ -129,7 +129,7 @@ def check_inputs(left: np.ndarray, right: np.ndarray, params: Params) -> None:
     h, w = left.shape[:2]
     if h < 2 or w < 2:
         raise StereoError(f"the images are too small ({w}x{h})")
-    lo, hi = params.min_disparity, params.min_disparity + params.num_disparities - 1
+    lo, hi = params.min_disparity, params.max_disparity
     if lo >= w or hi <= -w:
         raise StereoError(f"the disparity range {lo}..{hi} does not fit an image {w} px wide; "
                           f"lower --num-disparities or --min-disparity")
