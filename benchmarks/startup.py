@@ -1,7 +1,8 @@
 """Whole-process times, as a user running one command per pair sees them: `stereo match`
-of the Tsukuba pair (warm kernel cache) against a 4-line OpenCV script run in the same
-loop (runs interleaved, median of N). With --scan, a disparity-count scan in a fresh
-kernel cache: the time of each process and so what each new count costs to compile.
+of the Tsukuba pair (warm kernel cache), in-process (--no-worker) and through the
+background worker, against a 4-line OpenCV script run in the same loop (runs
+interleaved, median of N). With --scan, a disparity-count scan in a fresh kernel cache
+(in-process): the time of each process and so what each new count costs to compile.
 
     python benchmarks/startup.py [--runs 5] [--devices cpu,cuda] [--scan 64,96,128,192,256] [--quick]
 """
@@ -18,6 +19,13 @@ from common import ROOT, emit
 SAMPLE = ROOT / "sample_data"
 OPENCV_SCRIPT = ("import cv2; l = cv2.imread(r'{l}', 0); r = cv2.imread(r'{r}', 0); "
                  "d = cv2.StereoSGBM_create(0, 16, 5).compute(l, r); cv2.imwrite(r'{o}', d)")
+
+
+def wait_for_worker(env, timeout=120):
+    from pathlib import Path
+    t = time.time()
+    while time.time() - t < timeout and not list(Path(env["STEREOCLI_RUNTIME_DIR"]).glob("*.sock")):
+        time.sleep(0.1)
 
 
 def timed(cmd, env=None) -> float:
@@ -48,18 +56,28 @@ def main():
         out = os.path.join(tmp, "d.pfm")
         cv_cmd = [sys.executable, "-c", OPENCV_SCRIPT.format(l=SAMPLE / "left.png", r=SAMPLE / "right.png",
                                                              o=os.path.join(tmp, "cv.png"))]
+        env = {k: v for k, v in os.environ.items() if k != "STEREOCLI_NO_WORKER"}
+        env["STEREOCLI_RUNTIME_DIR"] = os.path.join(tmp, "run")
         for device in devices:
-            timed(stereo("-o", out, "-n", "16", "--device", device))  # fill the kernel cache
-        times = {"opencv script": []}
+            timed(stereo("-o", out, "-n", "16", "--device", device), env)  # fill the cache, start the worker
+        wait_for_worker(env)
+        for device in devices:
+            timed(stereo("-o", out, "-n", "16", "--device", device), env)  # the worker's first use of it
+        runs = {"opencv script": cv_cmd}
+        for device in devices:
+            runs[f"stereo match --device {device} --no-worker"] = stereo("-o", out, "-n", "16", "--device", device,
+                                                                         "--no-worker")
+            runs[f"stereo match --device {device} (worker)"] = stereo("-o", out, "-n", "16", "--device", device)
+        times = {what: [] for what in runs}
         for _ in range(a.runs):
-            times["opencv script"].append(timed(cv_cmd))
-            for device in devices:
-                times.setdefault(device, []).append(timed(stereo("-o", out, "-n", "16", "--device", device)))
+            for what, cmd in runs.items():
+                times[what].append(timed(cmd, env))
+        subprocess.run([sys.executable, "-m", "stereocli.cli", "info", "--stop-worker"], env=env,
+                       capture_output=True)
         base = statistics.median(times["opencv script"])
         for what, ts in times.items():
-            emit(bench="process start", what=what if what == "opencv script" else f"stereo match --device {what}",
-                 runs=len(ts), median_s=round(statistics.median(ts), 3), min_s=round(min(ts), 3),
-                 ratio_to_opencv_script=round(statistics.median(ts) / base, 2))
+            emit(bench="process start", what=what, runs=len(ts), median_s=round(statistics.median(ts), 3),
+                 min_s=round(min(ts), 3), ratio_to_opencv_script=round(statistics.median(ts) / base, 2))
         for device in devices if a.scan else ():
             env = {**os.environ, "STEREOCLI_CACHE_DIR": os.path.join(tmp, f"cache-{device}")}
             for n in a.scan.split(","):

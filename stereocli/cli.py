@@ -115,6 +115,9 @@ def _geometry_options(f):
 @_geometry_options
 @click.option("--timings", is_flag=True, help="Print a per-stage time table (ms) on stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (sizes, range, device, ms) on stdout.")
+@click.option("--no-worker", is_flag=True,
+              help="Run in this process, not in the background worker that keeps the kernels loaded between "
+                   "commands (also: STEREOCLI_NO_WORKER=1).")
 def match(left, right, output, fmt, sbs, preview, depth_out, ply_out, focal, baseline, doffs, calib,
           timings, as_json, **kw):
     """Compute the disparity map of one rectified pair.
@@ -485,18 +488,25 @@ def _print_batch_summary(s, total, with_gt, no_gt, jsonl, device):
 @click.option("--warm-up", "warm", is_flag=True,
               help="Compile the kernels of the presets now (CPU, and CUDA when usable), e.g. in a Dockerfile, "
                    "so that no later run waits for the compiler.")
-def info(clear_cache, warm):
+@click.option("--stop-worker", is_flag=True, help="Stop the background worker of `stereo match` (see below).")
+def info(clear_cache, warm, stop_worker):
     """Versions, CUDA availability, GPU and compiled-kernel cache: what to paste in a bug report.
 
     Compiled kernels are cached in a per-user folder: $STEREOCLI_CACHE_DIR, else
     $NUMBA_CACHE_DIR, else the platform's user cache folder ($XDG_CACHE_HOME/stereocli,
     by default ~/.cache/stereocli, on Linux).
 
+    After a `stereo match`, a background worker of the user's keeps the kernels (and a
+    GPU context) loaded, and later `stereo match` commands run in it, over a Unix socket
+    in a private folder; it stops after 10 idle minutes. `--no-worker` or
+    STEREOCLI_NO_WORKER=1 turn it off.
+
     \b
     Examples:
       stereo info
       stereo info --clear-cache
       stereo info --warm-up          # compile everything now (a Dockerfile's RUN step)
+      stereo info --stop-worker
       STEREOCLI_CACHE_DIR=/opt/stereo-cache stereo match l.png r.png -o d.pfm
     """
     import platform
@@ -505,8 +515,12 @@ def info(clear_cache, warm):
     import numba
     import numpy
 
-    from . import cache
+    from . import cache, worker
     from .backends import cuda_status
+    if stop_worker:
+        stopped = worker.stop()
+        click.echo("stereo: stopped the background worker" if stopped else "stereo: no background worker runs",
+                   err=True)
     if clear_cache:
         n = cache.clear()
         click.echo(f"stereo: deleted {n} compiled-kernel files from {cache.DIR}", err=True)
@@ -530,12 +544,32 @@ def info(clear_cache, warm):
             click.echo(f"stereo: compiling the {device} kernels (minutes on a small machine) ...", err=True)
             pipeline.warm_up(get_backend(device), report=lambda m: click.echo(f"stereo:   {m}", err=True))
     rows.append(("kernel cache", cache.describe()))
+    rows.append(("worker", worker.status()))
     for k, v in rows:
         click.echo(f"{k:<14}{v}")
 
 
-def main(argv=None) -> int:
-    """Entry point: one line on stderr and exit 2 for anything the user can fix."""
+def main(argv=None, in_worker: bool = False) -> int:
+    """Entry point: one line on stderr and exit 2 for anything the user can fix.
+
+    `stereo match` is handed to the background worker when one runs (stereocli.worker),
+    and a successful in-process match starts one for the next command."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if in_worker:
+        return _main(args)
+    from . import worker
+    use_worker = worker.enabled(args)
+    if use_worker:
+        rv = worker.try_run(args)
+        if rv is not None:
+            return rv
+    rv = _main(args)
+    if use_worker and rv == 0:
+        worker.start()
+    return rv
+
+
+def _main(argv) -> int:
     try:
         rv = cli.main(args=argv, prog_name="stereo", standalone_mode=False)
     except BrokenPipeError:  # e.g. `stereo batch --jsonl | head`: the reader left; not an error of ours

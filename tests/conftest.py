@@ -5,6 +5,8 @@ from pathlib import Path
 # (STEREOCLI_TEST_GPU=1, as on the device machine). Must be set before numba is imported.
 if os.environ.get("STEREOCLI_TEST_GPU") != "1":
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+# Every `stereo` the tests start runs in-process; tests/test_worker.py turns the worker on.
+os.environ["STEREOCLI_NO_WORKER"] = "1"
 
 import numpy as np
 import pytest
