@@ -45,7 +45,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--devices", default="cpu,cuda")
-    ap.add_argument("--scan", default="", help="disparity counts to run one after another in a fresh cache")
+    ap.add_argument("--scan", default="", help="disparity counts to run one after another in a fresh cache, "
+                                               "then again after `stereo info --warm-up` in another")
     ap.add_argument("--quick", action="store_true", help="one run on the CPU (a check that it runs)")
     a = ap.parse_args()
     if a.quick:
@@ -79,10 +80,17 @@ def main():
             emit(bench="process start", what=what, runs=len(ts), median_s=round(statistics.median(ts), 3),
                  min_s=round(min(ts), 3), ratio_to_opencv_script=round(statistics.median(ts) / base, 2))
         for device in devices if a.scan else ():
-            env = {**os.environ, "STEREOCLI_CACHE_DIR": os.path.join(tmp, f"cache-{device}")}
-            for n in a.scan.split(","):
-                emit(bench="disparity-count scan, fresh cache", device=device, num_disparities=int(n),
-                     process_s=round(timed(stereo("-o", out, "-n", n, "--device", device), env), 2))
+            for warm in (False, True):
+                env = {**os.environ, "STEREOCLI_CACHE_DIR": os.path.join(tmp, f"cache-{device}-{warm}"),
+                       "STEREOCLI_NO_WORKER": "1"}
+                what = "fresh cache"
+                if warm:
+                    s = timed([sys.executable, "-m", "stereocli.cli", "info", "--warm-up"], env)
+                    emit(bench="stereo info --warm-up", device=device, process_s=round(s, 1))
+                    what = "after stereo info --warm-up"
+                for n in a.scan.split(","):
+                    emit(bench=f"disparity-count scan, {what}", device=device, num_disparities=int(n),
+                         process_s=round(timed(stereo("-o", out, "-n", n, "--device", device), env), 2))
 
 
 if __name__ == "__main__":
