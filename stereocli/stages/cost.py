@@ -120,11 +120,27 @@ def zssd_value(m_sq, m_l, m_r):
 # ----------------------------------------------------------------- CPU drivers
 @njit(parallel=True, cache=CACHE)
 def census_transform_cpu(img, wx, wy):
+    """census_at for every pixel, computed a row at a time: for each window offset, one
+    comparison of a whole (edge-replicated) row with the centre row, shifted into the
+    row's strings. The same bits in the same order as census_at, but the loop over x
+    vectorises."""
     h, w = img.shape
+    rx, ry = wx // 2, wy // 2
     out = np.empty((h, w), np.uint64)
     for y in prange(h):
-        for x in range(w):
-            out[y, x] = census_at(img, y, x, wx, wy)
+        row = np.empty(w + 2 * rx, img.dtype)
+        bits = out[y]
+        bits[:] = 0
+        centre = img[y]
+        for j in range(-ry, ry + 1):
+            yy = min(max(y + j, 0), h - 1)
+            for k in range(w + 2 * rx):  # the row, edges replicated rx pixels out
+                row[k] = img[yy, min(max(k - rx, 0), w - 1)]
+            for i in range(-rx, rx + 1):
+                if i != 0 or j != 0:
+                    seg = row[rx + i:rx + i + w]  # (views indexed from 0: no negative-index checks)
+                    for x in range(w):
+                        bits[x] = (bits[x] << np.uint64(1)) | np.uint64(seg[x] < centre[x])
     return out
 
 

@@ -96,14 +96,61 @@ def lr_check_cpu(disp, disp_r, max_diff):
     return out
 
 
+@njit(cache=CACHE, inline="always")
+def _sort2(a, b):
+    return min(a, b), max(a, b)
+
+
+@njit(cache=CACHE, inline="always")
+def _median9(p0, p1, p2, p3, p4, p5, p6, p7, p8):
+    """The 5th smallest of nine numbers (no NaN): a 19-exchange network (Paeth), the
+    same value median_at's sort picks."""
+    p1, p2 = _sort2(p1, p2)
+    p4, p5 = _sort2(p4, p5)
+    p7, p8 = _sort2(p7, p8)
+    p0, p1 = _sort2(p0, p1)
+    p3, p4 = _sort2(p3, p4)
+    p6, p7 = _sort2(p6, p7)
+    p1, p2 = _sort2(p1, p2)
+    p4, p5 = _sort2(p4, p5)
+    p7, p8 = _sort2(p7, p8)
+    p0, p3 = _sort2(p0, p3)
+    p5, p8 = _sort2(p5, p8)
+    p4, p7 = _sort2(p4, p7)
+    p3, p6 = _sort2(p3, p6)
+    p1, p4 = _sort2(p1, p4)
+    p2, p5 = _sort2(p2, p5)
+    p4, p7 = _sort2(p4, p7)
+    p4, p2 = _sort2(p4, p2)
+    p6, p4 = _sort2(p6, p4)
+    p4, p2 = _sort2(p4, p2)
+    return p4
+
+
 @njit(parallel=True, cache=CACHE)
 def median_cpu(disp, r):
+    """median_at for every pixel. 3x3 inside the image: a sorting network over whole
+    rows (vectorises), and median_at only where the window holds an invalid pixel."""
     h, w = disp.shape
     out = np.empty_like(disp)
     for y in prange(h):
         window = np.empty((2 * r + 1) * (2 * r + 1), np.float32)
-        for x in range(w):
-            out[y, x] = median_at(disp, y, x, r, window)
+        if r != 1 or y == 0 or y == h - 1 or w < 3:
+            for x in range(w):
+                out[y, x] = median_at(disp, y, x, r, window)
+            continue
+        a0, a1, a2 = disp[y - 1, 0:w - 2], disp[y - 1, 1:w - 1], disp[y - 1, 2:w]
+        b0, b1, b2 = disp[y, 0:w - 2], disp[y, 1:w - 1], disp[y, 2:w]
+        c0, c1, c2 = disp[y + 1, 0:w - 2], disp[y + 1, 1:w - 1], disp[y + 1, 2:w]
+        o = out[y, 1:w - 1]
+        for x in range(w - 2):
+            o[x] = _median9(a0[x], a1[x], a2[x], b0[x], b1[x], b2[x], c0[x], c1[x], c2[x])
+        for x in range(w - 2):  # windows with an invalid (NaN) pixel: the general rule
+            total = a0[x] + a1[x] + a2[x] + b0[x] + b1[x] + b2[x] + c0[x] + c1[x] + c2[x]
+            if total != total:
+                o[x] = median_at(disp, y, x + 1, r, window)
+        out[y, 0] = median_at(disp, y, 0, r, window)
+        out[y, w - 1] = median_at(disp, y, w - 1, r, window)
     return out
 
 
