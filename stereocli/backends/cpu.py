@@ -84,8 +84,8 @@ class CpuBackend:
     # selection
     def select(self, s, min_d, uniqueness, subpixel, right):
         """(left disparity, right disparity or None) by winner-takes-all."""
-        return (select.wta_cpu(s, min_d, np.float32(uniqueness), subpixel),
-                select.wta_right_cpu(s, min_d) if right else None)
+        left, right_disp = select.select_cpu(s, min_d, np.float32(uniqueness), subpixel, right)
+        return left, (right_disp if right else None)
 
     # refinement
     def lr_check(self, disp, disp_r, max_diff):

@@ -34,66 +34,54 @@ def wta_finish(best, bc, other, c0, c2, lo, hi, min_d, uniqueness, subpixel):
     return disp
 
 
-@shared
-def wta_at(S, y, x, min_d, uniqueness, subpixel):
-    """Disparity of the left pixel (x, y), NaN when no disparity is possible or
-    the best cost does not win by `uniqueness` percent over every cost more than
-    one disparity away. (The GPU reduces over d with a warp, then shares wta_finish.)"""
-    lo, hi = wta_range(S.shape[1], S.shape[2], x, min_d)
-    if hi < lo:
-        return np.float32(math.nan)
-    bc = np.int32(S[y, x, lo])
-    for d in range(lo + 1, hi + 1):  # minimum first (vectorises), then its first index
-        bc = min(bc, np.int32(S[y, x, d]))
-    best = lo
-    while np.int32(S[y, x, best]) != bc:
-        best += 1
-    other = np.int32(0x7FFFFFFF)
-    if uniqueness > 0.0:
-        for d in range(lo, best - 1):
-            other = min(other, np.int32(S[y, x, d]))
-        for d in range(best + 2, hi + 1):
-            other = min(other, np.int32(S[y, x, d]))
-    c0 = np.int32(S[y, x, best - 1]) if best > lo else np.int32(0)
-    c2 = np.int32(S[y, x, best + 1]) if best < hi else np.int32(0)
-    return wta_finish(best, bc, other, c0, c2, lo, hi, min_d, uniqueness, subpixel)
-
-
-@shared
-def wta_right_at(S, y, xr, min_d):
-    """Integer disparity of the right pixel (xr, y) from the left-referenced volume:
-    argmin over d of S[y, xr + min_d + d, d]; NaN when no left pixel matches."""
-    w = S.shape[1]
-    n = S.shape[2]
-    best = -1
-    bc = np.int32(0x7FFFFFFF)
-    for d in range(n):
-        x = xr + min_d + d
-        if x >= 0 and x < w:
-            c = np.int32(S[y, x, d])
-            if c < bc:
-                bc = c
-                best = d
-    if best < 0:
-        return np.float32(math.nan)
-    return np.float32(best + min_d)
+NO_KEY = np.uint32(0xFFFFFFFF)
 
 
 @njit(parallel=True, cache=CACHE)
-def wta_cpu(S, min_d, uniqueness, subpixel):
-    h, w, _ = S.shape
-    out = np.empty((h, w), np.float32)
-    for y in prange(h):
-        for x in range(w):
-            out[y, x] = wta_at(S, y, x, min_d, uniqueness, subpixel)
-    return out
+def select_cpu(S, min_d, uniqueness, subpixel, right):
+    """Winner-takes-all for the left image, and with `right` for the right image, in one
+    pass over S -> (left HxW float32, right HxW float32 or 0x0).
 
-
-@njit(parallel=True, cache=CACHE)
-def wta_right_cpu(S, min_d):
-    h, w, _ = S.shape
+    Left pixel (x, y): the first index `best` of the smallest cost among the disparities
+    wta_range allows, NaN when there is none or when it does not win by `uniqueness`
+    percent over every cost more than one disparity away, parabola subpixel fit
+    (wta_finish, shared with the GPU). Right pixel xr: the integer disparity d with the
+    smallest S[y, xr + min_d + d, d], the smallest such d on ties (NaN when no left pixel
+    matches it). Both minima are taken over keys cost << 16 | d, whose minimum is the
+    smallest cost at its smallest d; the right keys are kept reversed, so that one left
+    pixel's disparities update consecutive entries and the loops vectorise."""
+    h, w, n = S.shape
     out = np.empty((h, w), np.float32)
+    out_r = np.empty((h if right else 0, w if right else 0), np.float32)
     for y in prange(h):
+        rkeys = np.full(w, NO_KEY, np.uint32)  # rkeys[w - 1 - xr]: best key of right pixel xr
         for x in range(w):
-            out[y, x] = wta_right_at(S, y, x, min_d)
-    return out
+            lo, hi = wta_range(w, n, x, min_d)
+            if hi < lo:
+                out[y, x] = np.float32(math.nan)
+                continue
+            costs = S[y, x, lo:hi + 1]
+            k0 = w - 1 - x + min_d + lo  # rkeys index of the right pixel of disparity lo
+            rk = rkeys[k0:k0 + hi - lo + 1]
+            key = NO_KEY
+            for i in range(hi - lo + 1):
+                k = np.uint32((np.uint32(costs[i]) << np.uint32(16)) | np.uint32(lo + i))
+                key = np.uint32(min(key, k))
+                rk[i] = min(rk[i], k)
+            best = np.int32(key & np.uint32(0xFFFF))
+            bc = np.int32(key >> np.uint32(16))
+            other = np.int32(0x7FFFFFFF)
+            if uniqueness > 0.0:
+                for i in range(best - 1 - lo):
+                    other = min(other, np.int32(costs[i]))
+                for i in range(best + 2 - lo, hi + 1 - lo):
+                    other = min(other, np.int32(costs[i]))
+            c0 = np.int32(S[y, x, best - 1]) if best > lo else np.int32(0)
+            c2 = np.int32(S[y, x, best + 1]) if best < hi else np.int32(0)
+            out[y, x] = wta_finish(best, bc, other, c0, c2, lo, hi, min_d, uniqueness, subpixel)
+        if right:
+            for xr in range(w):
+                key = rkeys[w - 1 - xr]
+                out_r[y, xr] = np.float32(math.nan) if key == NO_KEY else \
+                    np.float32(np.int32(key & np.uint32(0xFFFF)) + min_d)
+    return out, out_r
