@@ -39,53 +39,47 @@ def sgm_value(c, l_prev, l_lo, l_hi, min_prev, p1, p2):
     return np.int32(c + m - min_prev)
 
 
-@njit(cache=CACHE, inline="always")
-def _step(cost, prev, mp, out, acc, p1, p2, first):
-    """out[:] = SGM update of `prev` (the path's L at the previous pixel, whose minimum
-    is mp) with costs `cost`; acc[:] = out (first path) or acc + out. Returns min(out).
-    The edges d = 0 and d = n-1 are apart so that the inner loop has no branch."""
-    n = cost.shape[0]
-    big = np.int32(65535)
-    if n == 1:
-        v = sgm_value(np.int32(cost[0]), np.int32(prev[0]), big, big, mp, p1, p2)
-        out[0] = v
-        acc[0] = v if first else acc[0] + v
-        return v
-    v = sgm_value(np.int32(cost[0]), np.int32(prev[0]), big, np.int32(prev[1]), mp, p1, p2)
-    out[0] = v
-    acc[0] = v if first else acc[0] + v
-    mn = v
-    for d in range(1, n - 1):
-        v = sgm_value(np.int32(cost[d]), np.int32(prev[d]), np.int32(prev[d - 1]), np.int32(prev[d + 1]),
-                      mp, p1, p2)
-        out[d] = v
-        mn = min(mn, v)
-    if first:
-        for d in range(1, n - 1):
-            acc[d] = out[d]
-    else:
-        for d in range(1, n - 1):
-            acc[d] += out[d]
-    v = sgm_value(np.int32(cost[n - 1]), np.int32(prev[n - 1]), np.int32(prev[n - 2]), big, mp, p1, p2)
-    out[n - 1] = v
-    acc[n - 1] = v if first else acc[n - 1] + v
-    return min(mn, v)
+EDGE = 65535  # the L of the disparities beyond both ends (never the minimum)
 
 
 @njit(cache=CACHE, inline="always")
-def _start(cost, out, acc, first):
-    """First pixel of a path: L = C. Returns min(out)."""
-    mn = np.int32(65535)
-    for d in range(cost.shape[0]):
-        v = np.int32(cost[d])
-        out[d] = v
+def _step(C, S, y, x, buf, src, dst, mp, p1, p2, first):
+    """buf[dst, 1:n+1] = SGM update of buf[src, 1:n+1] (the path's L at the previous
+    pixel, whose minimum is mp) with the costs C[y, x]; S[y, x] = that (first path) or
+    += it. Returns its minimum. Columns 0 and n+1 of buf hold EDGE, so one loop of n
+    trips covers every disparity (no scalar edge or remainder code per pixel), and
+    everything is indexed in place (a view per pixel would cost a reference count)."""
+    n = C.shape[2]
+    mn = np.int32(EDGE)
+    for d in range(n):
+        v = sgm_value(np.int32(C[y, x, d]), np.int32(buf[src, d + 1]), np.int32(buf[src, d]),
+                      np.int32(buf[src, d + 2]), mp, p1, p2)
+        buf[dst, d + 1] = v
         mn = min(mn, v)
     if first:
-        for d in range(cost.shape[0]):
-            acc[d] = out[d]
+        for d in range(n):
+            S[y, x, d] = buf[dst, d + 1]
     else:
-        for d in range(cost.shape[0]):
-            acc[d] += out[d]
+        for d in range(n):
+            S[y, x, d] += buf[dst, d + 1]
+    return mn
+
+
+@njit(cache=CACHE, inline="always")
+def _start(C, S, y, x, buf, dst, first):
+    """First pixel of a path: L = C. Returns min(L)."""
+    n = C.shape[2]
+    mn = np.int32(EDGE)
+    for d in range(n):
+        v = np.int32(C[y, x, d])
+        buf[dst, d + 1] = v
+        mn = min(mn, v)
+    if first:
+        for d in range(n):
+            S[y, x, d] = buf[dst, d + 1]
+    else:
+        for d in range(n):
+            S[y, x, d] += buf[dst, d + 1]
     return mn
 
 
@@ -113,32 +107,35 @@ def sgm_line_pair_cpu(C, guide, p1, p2, adaptive, S, dx, dy, starts, first):
     """Aggregates the paths r = (dx, dy) and -r into S (S = ... when `first`, else
     S += ...). One task per line: walk it along r, then back along -r."""
     h, w, n = C.shape
+    p2tab = np.empty(256, np.int32)  # P2 by grey step (penalty2 divides: once here, not per pixel)
+    for step in range(256):
+        p2tab[step] = penalty2(p1, p2, adaptive, step, 0)
     for i in prange(starts.shape[0]):
-        a = np.empty(n, np.uint16)
-        b = np.empty(n, np.uint16)
+        buf = np.full((2, n + 2), EDGE, np.uint16)  # the path's L at the previous pixel (row src) and this one
+        src = 0
         y = starts[i, 0]
         x = starts[i, 1]
-        m = _start(C[y, x], a, S[y, x], first)
+        m = _start(C, S, y, x, buf, src, first)
         while True:
             ny = y + dy
             nx = x + dx
             if ny < 0 or ny >= h or nx < 0 or nx >= w:
                 break
-            p2e = penalty2(p1, p2, adaptive, guide[ny, nx], guide[y, x])
-            m = _step(C[ny, nx], a, m, b, S[ny, nx], p1, p2e, first)
-            a, b = b, a
+            p2e = p2tab[abs(np.int32(guide[ny, nx]) - np.int32(guide[y, x]))]
+            m = _step(C, S, ny, nx, buf, src, 1 - src, m, p1, p2e, first)
+            src = 1 - src
             y = ny
             x = nx
         # (y, x) is the last pixel of the line: come back along -r
-        m = _start(C[y, x], a, S[y, x], False)
+        m = _start(C, S, y, x, buf, src, False)
         while True:
             ny = y - dy
             nx = x - dx
             if ny < 0 or ny >= h or nx < 0 or nx >= w:
                 break
-            p2e = penalty2(p1, p2, adaptive, guide[ny, nx], guide[y, x])
-            m = _step(C[ny, nx], a, m, b, S[ny, nx], p1, p2e, False)
-            a, b = b, a
+            p2e = p2tab[abs(np.int32(guide[ny, nx]) - np.int32(guide[y, x]))]
+            m = _step(C, S, ny, nx, buf, src, 1 - src, m, p1, p2e, False)
+            src = 1 - src
             y = ny
             x = nx
 
