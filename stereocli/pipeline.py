@@ -157,11 +157,11 @@ def run(left, right, params: Params, backend) -> Result:
 
 
 WARM_UP_PRESETS = ("default", "fast", "quality")
-# The GPU's SGM and selection kernels are specialised by the number of disparities, in
-# classes (lanes per path line, disparities per lane, whether D % 4 == 0): these counts
-# reach every class up to 512, so that after a warm-up no count compiles anything. The
-# CPU kernels do not depend on the count.
-WARM_UP_DISPARITIES = (64, 3, 4, 7, 8, 15, 16, 31, 32, 63, 127, 128, 255, 256, 511, 512)
+# The GPU's SGM and selection kernels are specialised by the number of disparities D, in
+# classes (lanes per path line, disparities per lane, whether D % 4 == 0; the selection
+# kernel also by ceil(D / 128)): these counts reach every class up to 512, so that after
+# a warm-up no count compiles anything. The CPU kernels do not depend on the count.
+WARM_UP_DISPARITIES = (64, 3, 4, 7, 8, 15, 16, 31, 32, 63, 127, 128, 255, 256, 384, 511, 512)
 
 
 def warm_up(backend, report=None) -> None:
