@@ -43,6 +43,18 @@ EDGE = 65535  # the L of the disparities beyond both ends (never the minimum)
 
 
 @njit(cache=CACHE, inline="always")
+def _accumulate(S, y, x, buf, dst, first):
+    """S[y, x] = buf[dst, 1:n+1] (the first path) or += it."""
+    n = S.shape[2]
+    if first:
+        for d in range(n):
+            S[y, x, d] = buf[dst, d + 1]
+    else:
+        for d in range(n):
+            S[y, x, d] += buf[dst, d + 1]
+
+
+@njit(cache=CACHE, inline="always")
 def _step(C, S, y, x, buf, src, dst, mp, p1, p2, first):
     """buf[dst, 1:n+1] = SGM update of buf[src, 1:n+1] (the path's L at the previous
     pixel, whose minimum is mp) with the costs C[y, x]; S[y, x] = that (first path) or
@@ -56,12 +68,7 @@ def _step(C, S, y, x, buf, src, dst, mp, p1, p2, first):
                       np.int32(buf[src, d + 2]), mp, p1, p2)
         buf[dst, d + 1] = v
         mn = min(mn, v)
-    if first:
-        for d in range(n):
-            S[y, x, d] = buf[dst, d + 1]
-    else:
-        for d in range(n):
-            S[y, x, d] += buf[dst, d + 1]
+    _accumulate(S, y, x, buf, dst, first)
     return mn
 
 
@@ -74,12 +81,7 @@ def _start(C, S, y, x, buf, dst, first):
         v = np.int32(C[y, x, d])
         buf[dst, d + 1] = v
         mn = min(mn, v)
-    if first:
-        for d in range(n):
-            S[y, x, d] = buf[dst, d + 1]
-    else:
-        for d in range(n):
-            S[y, x, d] += buf[dst, d + 1]
+    _accumulate(S, y, x, buf, dst, first)
     return mn
 
 
@@ -112,32 +114,26 @@ def sgm_line_pair_cpu(C, guide, p1, p2, adaptive, S, dx, dy, starts, first):
         p2tab[step] = penalty2(p1, p2, adaptive, step, 0)
     for i in prange(starts.shape[0]):
         buf = np.full((2, n + 2), EDGE, np.uint16)  # the path's L at the previous pixel (row src) and this one
-        src = 0
-        y = starts[i, 0]
-        x = starts[i, 1]
-        m = _start(C, S, y, x, buf, src, first)
-        while True:
-            ny = y + dy
-            nx = x + dx
-            if ny < 0 or ny >= h or nx < 0 or nx >= w:
-                break
-            p2e = p2tab[abs(np.int32(guide[ny, nx]) - np.int32(guide[y, x]))]
-            m = _step(C, S, ny, nx, buf, src, 1 - src, m, p1, p2e, first)
-            src = 1 - src
-            y = ny
-            x = nx
-        # (y, x) is the last pixel of the line: come back along -r
-        m = _start(C, S, y, x, buf, src, False)
-        while True:
-            ny = y - dy
-            nx = x - dx
-            if ny < 0 or ny >= h or nx < 0 or nx >= w:
-                break
-            p2e = p2tab[abs(np.int32(guide[ny, nx]) - np.int32(guide[y, x]))]
-            m = _step(C, S, ny, nx, buf, src, 1 - src, m, p1, p2e, False)
-            src = 1 - src
-            y = ny
-            x = nx
+        y, x = _walk(C, S, guide, starts[i, 0], starts[i, 1], dx, dy, buf, p1, p2tab, first)
+        _walk(C, S, guide, y, x, -dx, -dy, buf, p1, p2tab, False)  # and back from the line's last pixel
+
+
+@njit(cache=CACHE, inline="always")
+def _walk(C, S, guide, y, x, dx, dy, buf, p1, p2tab, first):
+    """One path: from (y, x) along (dx, dy) to the image border; returns the last pixel."""
+    h, w, _ = C.shape
+    src = 0
+    m = _start(C, S, y, x, buf, src, first)
+    while True:
+        ny = y + dy
+        nx = x + dx
+        if ny < 0 or ny >= h or nx < 0 or nx >= w:
+            return y, x
+        p2e = p2tab[abs(np.int32(guide[ny, nx]) - np.int32(guide[y, x]))]
+        m = _step(C, S, ny, nx, buf, src, 1 - src, m, p1, p2e, first)
+        src = 1 - src
+        y = ny
+        x = nx
 
 
 @njit(parallel=True, cache=CACHE)
