@@ -207,7 +207,7 @@ def _run_strip(gl: np.ndarray, gr: np.ndarray, params: Params, bk, timer: _Timer
     if params.cost == "mi":
         vol = _mi_volume(bk, gl.astype(np.float32), gr.astype(np.float32), params, timer)
     else:
-        vol = cost_volume(bk, L, R, params, params.min_disparity, params.num_disparities)
+        vol = cost_volume(bk, L, R, params)
     timer.lap("cost")
     agg = _aggregate(bk, vol, G, params)
     timer.lap("aggregate")
@@ -251,8 +251,10 @@ def _aggregate(bk, vol, guide, params: Params):
     return vol
 
 
-def cost_volume(bk, L, R, params: Params, min_d: int, ndisp: int):
-    """The uint8 cost volume of the chosen (non-MI) cost on preprocessed images."""
+def cost_volume(bk, L, R, params: Params):
+    """The uint8 cost volume of the chosen (non-MI) cost on preprocessed images, over
+    params' disparity range."""
+    min_d, ndisp = params.min_disparity, params.num_disparities
     wx, wy = params.window_size()
     rx, ry = wx // 2, wy // 2
     c = params.cost

@@ -31,8 +31,8 @@ def test_census_volume_matches_reference(rng, wx, wy, min_d):
 @pytest.mark.parametrize("kind", ["sad", "ssd", "zssd", "zncc"])
 def test_window_costs_match_reference(rng, kind):
     L, R = random_images(rng, 10, 16)
-    p = Params(cost=kind, window=(5, 3))
-    got = cost_volume(BK, L, R, p, 1, 5).astype(np.float64)
+    p = Params(cost=kind, window=(5, 3), min_disparity=1, num_disparities=5)
+    got = cost_volume(BK, L, R, p).astype(np.float64)
     want = ref.window_cost_volume(L, R, 1, 5, 2, 1, kind)
     assert np.all(got[np.isnan(want)] == 255)
     # where both windows lie inside the images (borders replicate edge pixels and the
@@ -47,7 +47,7 @@ def test_window_costs_match_reference(rng, kind):
 def test_sad_cost_is_zero_at_true_shift():
     from conftest import textured_pair
     L, R = textured_pair(shift=3)
-    vol = cost_volume(BK, L, R, Params(cost="sad", window=(3, 3)), 0, 8)
+    vol = cost_volume(BK, L, R, Params(cost="sad", window=(3, 3), min_disparity=0, num_disparities=8))
     assert np.all(vol[:, 4:, 3] == 0)  # window (3x3) inside the right image
     assert np.all(vol[:, 3:, 5] > 0)
 
@@ -141,7 +141,7 @@ def test_box_u8_is_rounded_window_mean(rng):
 
 def test_bt_cost_matches_reference(rng):
     L, R = random_images(rng, 8, 14)
-    got = cost_volume(BK, L, R, Params(cost="bt", window=(3, 3)), 1, 4).astype(np.float64)
+    got = cost_volume(BK, L, R, Params(cost="bt", window=(3, 3), min_disparity=1, num_disparities=4)).astype(np.float64)
     want = ref.bt_volume(L, R, 1, 4, 1, 1)
     inside = ~np.isnan(want)
     assert np.all(got[~inside] == 255)

@@ -51,7 +51,8 @@ zncc_cost_value = _dev(_cost.zncc_cost_value)
 zssd_value = _dev(_cost.zssd_value)
 finalize_at = _dev(_cost.finalize_at)
 sgm_value = _dev(_agg.sgm_value)
-wta_range = _dev(_sel.wta_range)
+inside_range = _dev(_cost.inside_range)
+right_x = _dev(_cost.right_x)
 wta_finish = _dev(_sel.wta_finish)
 lr_check_at = _dev(_ref.lr_check_at)
 median_at = _dev(_ref.median_at)
@@ -250,7 +251,7 @@ def census_volume8_kernel(cl, cr, min_d, scale, vol8):
     if inside:
         a = cl[y, x]
         crow = cr[y]
-        xr0 = int32(x - min_d - 8 * wi)
+        xr0 = int32(right_x(x, min_d, 8 * wi))
         lo = _census_word(a, crow, xr0, w, tab, 4)
         hi = _census_word(a, crow, xr0 - 4, w, tab, 4)
         vol8[y, x, wi] = uint64(lo) | (uint64(hi) << uint64(32))
@@ -263,7 +264,7 @@ def census_volume4_kernel(cl, cr, min_d, scale, vol4):
     h, w, n4 = vol4.shape
     y, x, wi, inside = _volume_index(w, n4)
     if inside:
-        vol4[y, x, wi] = _census_word(cl[y, x], cr[y], int32(x - min_d - 4 * wi), w, tab, 4)
+        vol4[y, x, wi] = _census_word(cl[y, x], cr[y], int32(right_x(x, min_d, 4 * wi)), w, tab, 4)
 
 
 @cuda.jit(cache=CACHE)
@@ -271,7 +272,7 @@ def census_volume_kernel(cl, cr, min_d, scale, vol):
     h, w, n = vol.shape
     y, x, d, inside = _volume_index(w, n)
     if inside:
-        xr = x - min_d - d
+        xr = right_x(x, min_d, d)
         if xr >= 0 and xr < w:
             vol[y, x, d] = census_cost_value(cl[y, x], cr[y, xr], scale)
         else:
@@ -283,7 +284,7 @@ def diff_volume_kernel(L, R, min_d, kind, vol):
     h, w, n = vol.shape
     y, x, d, inside = _volume_index(w, n)
     if inside:
-        xr = min(max(x - min_d - d, 0), w - 1)
+        xr = min(max(right_x(x, min_d, d), 0), w - 1)
         vol[y, x, d] = pixel_diff(L, R, y, x, xr, kind)
 
 
@@ -331,7 +332,7 @@ def table_volume_kernel(ql, qr, table, min_d, vol):
     h, w, n = vol.shape
     y, x, d, inside = _volume_index(w, n)
     if inside:
-        xr = x - min_d - d
+        xr = right_x(x, min_d, d)
         if xr >= 0 and xr < w:
             vol[y, x, d] = table[ql[y, x], qr[y, xr]]
         else:
@@ -731,10 +732,10 @@ def _make_select_kernel(vec, HOLD):
             xs = max(0, min(xs, a + min_d))
             xe = min(wd - 1, max(xe, b - 1 + min_d + n - 1))
         for x in range(xs + w, xe + 1, SELECT_WARPS):
-            lo, hi = wta_range(wd, n, x, min_d)
+            lo, hi = inside_range(wd, n, x, min_d)
             lo = int32(lo)
             hi = int32(hi)
-            shiftx = int32(x - min_d - a)  # right pixel (in the segment) of d = 0
+            shiftx = int32(right_x(x, min_d, 0) - a)  # right pixel (in the segment) of d = 0
             base = (y * wd + x) * reads
             kmin = int32(NO_KEY)
             for k in range(rounds):

@@ -33,6 +33,20 @@ H01 = np.uint64(0x0101010101010101)
 
 # ----------------------------------------------------------------- shared arithmetic
 @shared
+def right_x(x, min_d, d):
+    """The column of the right image that left pixel x is compared with at disparity
+    index d (disparity min_d + d). The one place the convention is written."""
+    return x - min_d - d
+
+
+@shared
+def inside_range(w, n, x, min_d):
+    """The disparity indices lo..hi (inclusive; none when hi < lo) whose right pixel
+    right_x(x, min_d, d) lies inside an image w pixels wide."""
+    return max(0, right_x(x, min_d, w - 1)), min(n - 1, right_x(x, min_d, 0))
+
+
+@shared
 def census_at(img, y, x, wx, wy):
     """Census string of (x, y): one bit per window pixel (centre excluded), 1 where darker than the centre."""
     h, w = img.shape
@@ -156,9 +170,9 @@ def census_volume_cpu(cl, cr, min_d, ndisp, scale):
         rev = cr[y, ::-1].copy()  # rev[k] = cr[y, w - 1 - k]
         ham = np.empty(ndisp, np.uint8)
         for x in range(w):
-            # disparities whose right pixel x - min_d - d is inside the image
-            lo = min(max(x - min_d - (w - 1), 0), ndisp)
-            hi = max(min(x - min_d + 1, ndisp), lo)
+            lo, hi = inside_range(w, ndisp, x, min_d)  # then as a half-open range within 0..ndisp
+            lo = min(lo, ndisp)
+            hi = max(hi + 1, lo)
             out = vol[y, x]
             for d in range(lo):
                 out[d] = OUTSIDE
@@ -186,7 +200,7 @@ def diff_volume_cpu(L, R, min_d, ndisp, kind):
     for y in prange(h):
         for x in range(w):
             for d in range(ndisp):
-                xr = min(max(x - min_d - d, 0), w - 1)
+                xr = min(max(right_x(x, min_d, d), 0), w - 1)
                 vol[y, x, d] = pixel_diff(L, R, y, x, xr, kind)
     return vol
 
@@ -226,7 +240,7 @@ def finalize_at(M, y, x, d, min_d, kind, ml, ml2, mr, mr2):
     """Window means -> cost units of one element. kind: MEAN (of differences: SAD, BT),
     RMS (of squares: SSD), ZSSD (zero-mean SSD), ZNCC (M holds the mean of L*R)."""
     w = M.shape[1]
-    xr = x - min_d - d
+    xr = right_x(x, min_d, d)
     if xr < 0 or xr >= w:
         return np.uint8(OUTSIDE)
     if kind == MEAN:
@@ -258,7 +272,7 @@ def table_volume_cpu(ql, qr, table, min_d, ndisp):
     for y in prange(h):
         for x in range(w):
             for d in range(ndisp):
-                xr = x - min_d - d
+                xr = right_x(x, min_d, d)
                 if xr >= 0 and xr < w:
                     vol[y, x, d] = table[ql[y, x], qr[y, xr]]
                 else:

@@ -9,12 +9,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import CACHE, shared
-
-
-@shared
-def wta_range(w, n, x, min_d):
-    """The disparity indices lo..hi whose right pixel x - min_d - d lies in the image."""
-    return max(0, x - (w - 1) - min_d), min(n - 1, x - min_d)
+from .cost import inside_range
 
 
 @shared
@@ -43,7 +38,7 @@ def select_cpu(S, min_d, uniqueness, subpixel, right):
     pass over S -> (left HxW float32, right HxW float32 or 0x0).
 
     Left pixel (x, y): the first index `best` of the smallest cost among the disparities
-    wta_range allows, NaN when there is none or when it does not win by `uniqueness`
+    cost.inside_range allows, NaN when there is none or when it does not win by `uniqueness`
     percent over every cost more than one disparity away, parabola subpixel fit
     (wta_finish, shared with the GPU). Right pixel xr: the integer disparity d with the
     smallest S[y, xr + min_d + d, d], the smallest such d on ties (NaN when no left pixel
@@ -56,7 +51,7 @@ def select_cpu(S, min_d, uniqueness, subpixel, right):
     for y in prange(h):
         rkeys = np.full(w, NO_KEY, np.uint32)  # rkeys[w - 1 - xr]: best key of right pixel xr
         for x in range(w):
-            lo, hi = wta_range(w, n, x, min_d)
+            lo, hi = inside_range(w, n, x, min_d)
             if hi < lo:
                 out[y, x] = np.float32(math.nan)
                 continue
