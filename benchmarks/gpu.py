@@ -5,7 +5,7 @@ configuration; the first line reports the cold (compile or cache load) time.
 
     python benchmarks/gpu.py [--repeat 10] [--quick]
 
-Tuning knobs (see cuda_kernels): STEREOCLI_SGM_K=4|8|16 forces the disparities per lane
+Tuning knobs (see stereocli/backends/cuda/aggregate.py and select.py): STEREOCLI_SGM_K=4|8|16 forces the disparities per lane
 of the SGM kernel, STEREOCLI_SGM_REGS and STEREOCLI_SELECT_REGS the register caps of the
 SGM and selection kernels (0: the compiler's choice). Give each setting its own
 NUMBA_CACHE_DIR: the kernel cache does not key on the register cap.

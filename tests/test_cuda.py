@@ -75,7 +75,7 @@ def test_sgm_lane_exchange_under_simulator():
     code = (
         "import numpy as np;"
         "from stereocli.backends.cpu import CpuBackend;from stereocli.backends.cuda import CudaBackend;"
-        "from stereocli.backends import cuda_kernels as K;assert K.SGM_LANES == 4;"
+        "from stereocli.backends.cuda import common as K;assert K.SGM_LANES == 4;"
         "g=CudaBackend();r=np.random.default_rng(3);C=r.integers(0,256,(4,6,8)).astype(np.uint8);"
         "G=r.integers(0,256,(4,6)).astype(np.uint8);"
         "P=g.sgm(g.upload(C),g.upload(G),20,200,True,8);b=CpuBackend().sgm(C,G,20,200,True,8);"

@@ -1,4 +1,5 @@
-"""CUDA backend: device arrays on one stream and launches of cuda_kernels.
+"""CUDA backend: device arrays on one stream and the launches of the kernels of
+stereocli/backends/cuda/ (one module per stage, named like stereocli/stages/).
 
 Data stays on the GPU from upload to download. Allocation failures become a
 StereoError that names the size asked for.
@@ -10,11 +11,16 @@ import numpy as np
 from numba import config as numba_config
 from numba import cuda
 
-from ..errors import StereoError
-from ..stages import aggregate, cost
-from . import cuda_kernels as K
+from ...errors import StereoError
+from ...stages import aggregate, cost
+from . import aggregate as kagg
+from . import common as kc
+from . import cost as kcost
+from . import preprocess as kpre
+from . import refine as kref
+from . import select as ksel
 
-if not K.SIM:  # the simulator has no DeviceNDArray (and no pool)
+if not kc.SIM:  # the simulator has no DeviceNDArray (and no pool)
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
 
 # small images launch small grids on purpose; that is not the user's concern
@@ -23,7 +29,7 @@ numba_config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
 
 def gpu_summary():
     """[(key, value)] describing the current GPU, for `stereo info`."""
-    if K.SIM:
+    if kc.SIM:
         return [("gpu", "none: Numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1), for tests only")]
     dev = cuda.get_current_device()
     free, total = cuda.current_context().get_memory_info()
@@ -36,7 +42,7 @@ def _grid2(h, w, bx=32, by=8):
     return ((w + bx - 1) // bx, (h + by - 1) // by), (bx, by)
 
 
-def _grid1(n, tpb=K.TPB):
+def _grid1(n, tpb=kc.TPB):
     return (max(1, (n + tpb - 1) // tpb),), (tpb,)
 
 
@@ -97,7 +103,7 @@ class CudaBackend:
         self.stream = cuda.stream()
         self._tables = {}  # per-size constant tables on the device (path lines, census scale)
         self._pool = _POOL
-        if not K.SIM and not _POOL.limit:
+        if not kc.SIM and not _POOL.limit:
             _POOL.limit = cuda.current_context().get_memory_info()[1] // 2
 
     def describe(self) -> str:
@@ -108,7 +114,7 @@ class CudaBackend:
         """An uninitialised device array, from the pool when one of this shape is free."""
         shape = tuple(int(v) for v in np.atleast_1d(shape))
         dtype = np.dtype(dtype)
-        if K.SIM:
+        if kc.SIM:
             return self._allocate(shape, dtype)
         key = (shape, dtype.str)
         mem = self._pool.take(key)
@@ -125,7 +131,7 @@ class CudaBackend:
             try:
                 return cuda.device_array(shape, dtype=dtype, stream=self.stream)
             except Exception as e:  # CudaAPIError / out of memory from the driver
-                if attempt == 0 and not K.SIM:  # give the pooled buffers back and try once more
+                if attempt == 0 and not kc.SIM:  # give the pooled buffers back and try once more
                     self._pool.release()
                     cuda.current_context().deallocations.clear()
                     continue
@@ -141,7 +147,7 @@ class CudaBackend:
 
     def _zeros(self, shape, dtype):
         out = self._empty(shape, dtype)
-        if K.SIM:
+        if kc.SIM:
             out.copy_to_device(np.zeros(shape, dtype), stream=self.stream)
         else:
             from numba.cuda.cudadrv import driver
@@ -152,7 +158,7 @@ class CudaBackend:
         """uint8 image -> float32 on the device."""
         h, w = a.shape
         out = self._empty((h, w), np.float32)
-        self._launch2(K.to_float_kernel, h, w, a, out)
+        self._launch2(kpre.to_float_kernel, h, w, a, out)
         return out
 
     def download(self, a):
@@ -174,10 +180,10 @@ class CudaBackend:
         kernel[g, b, self.stream](*args)
 
     def _launch_rows(self, kernel, h, row, *args):
-        """A volume kernel (cuda_kernels._volume_index): one grid row per image row of `row` elements."""
+        """A volume kernel (common._volume_index): one grid row per image row of `row` elements."""
         if h > 65535:
             raise StereoError(f"the GPU kernels take images up to 65535 rows, not {h}; use --device cpu")
-        kernel[((row + K.TPB - 1) // K.TPB, h), K.TPB, self.stream](*args)
+        kernel[((row + kc.TPB - 1) // kc.TPB, h), kc.TPB, self.stream](*args)
 
     def _launch1(self, kernel, n, *args):
         g, b = _grid1(n)
@@ -187,39 +193,39 @@ class CudaBackend:
     def dog(self, img, k1, k2):
         h, w = img.shape
         t1, t2, out = (self._empty((h, w), np.float32) for _ in range(3))
-        self._launch2(K.conv_x_kernel, h, w, img, k1, t1)
-        self._launch2(K.conv_x_kernel, h, w, img, k2, t2)
-        self._launch2(K.dog_y_kernel, h, w, t1, t2, k1, k2, out)
+        self._launch2(kpre.conv_x_kernel, h, w, img, k1, t1)
+        self._launch2(kpre.conv_x_kernel, h, w, img, k2, t2)
+        self._launch2(kpre.dog_y_kernel, h, w, t1, t2, k1, k2, out)
         return out
 
     def bilateral(self, img, r, inv_ss, inv_sc):
         h, w = img.shape
         t, out = self._empty((h, w), np.float32), self._empty((h, w), np.float32)
-        self._launch2(K.bilateral_x_kernel, h, w, img, r, inv_ss, inv_sc, t)
-        self._launch2(K.bilateral_y_kernel, h, w, t, r, inv_ss, inv_sc, out)
+        self._launch2(kpre.bilateral_x_kernel, h, w, img, r, inv_ss, inv_sc, t)
+        self._launch2(kpre.bilateral_y_kernel, h, w, t, r, inv_ss, inv_sc, out)
         return out
 
     def subtract_mean(self, img, mean):
         h, w = img.shape
         out = self._empty((h, w), np.float32)
-        self._launch2(K.subtract_mean_kernel, h, w, img, mean.reshape(h, w), out)
+        self._launch2(kpre.subtract_mean_kernel, h, w, img, mean.reshape(h, w), out)
         return out
 
     # ------------------------------------------------------------ costs
     def census_volume(self, left, right, min_d, ndisp, wx, wy):
         h, w = left.shape
         cl, cr = self._empty((h, w), np.uint64), self._empty((h, w), np.uint64)
-        census = K.census_kernel_for(wx, wy)
+        census = kcost.census_kernel_for(wx, wy)
         self._launch2(census, h, w, left, cl)
         self._launch2(census, h, w, right, cr)
         vol = self._empty((h, w, ndisp), np.uint8)
         scale = self._census_scale(wx * wy - 1)
-        if ndisp % 8 == 0 and not K.SIM:
-            self._launch_rows(K.census_volume8_kernel, h, w * ndisp // 8, cl, cr, min_d, scale, vol.view(np.uint64))
-        elif ndisp % 4 == 0 and not K.SIM:
-            self._launch_rows(K.census_volume4_kernel, h, w * ndisp // 4, cl, cr, min_d, scale, vol.view(np.uint32))
+        if ndisp % 8 == 0 and not kc.SIM:
+            self._launch_rows(kcost.census_volume8_kernel, h, w * ndisp // 8, cl, cr, min_d, scale, vol.view(np.uint64))
+        elif ndisp % 4 == 0 and not kc.SIM:
+            self._launch_rows(kcost.census_volume4_kernel, h, w * ndisp // 4, cl, cr, min_d, scale, vol.view(np.uint32))
         else:
-            self._launch_rows(K.census_volume_kernel, h, w * ndisp, cl, cr, min_d, scale, vol)
+            self._launch_rows(kcost.census_volume_kernel, h, w * ndisp, cl, cr, min_d, scale, vol)
         return vol
 
     def _census_scale(self, nbits):
@@ -231,56 +237,56 @@ class CudaBackend:
     def diff_volume(self, left, right, min_d, ndisp, kind):
         h, w = left.shape
         vol = self._empty((h, w, ndisp), np.float32)
-        self._launch_rows(K.diff_volume_kernel, h, w * ndisp, left, right, min_d, kind, vol)
+        self._launch_rows(kcost.diff_volume_kernel, h, w * ndisp, left, right, min_d, kind, vol)
         return vol
 
     def box_mean(self, vol, rx, ry):
         h, w, n = vol.shape
         tmp, out = self._empty((h, w, n), np.float32), self._empty((h, w, n), np.float32)
-        self._launch1(K.box_x_kernel, h * n, vol, rx, tmp)
+        self._launch1(kcost.box_x_kernel, h * n, vol, rx, tmp)
         inv = np.float32(1.0 / ((2 * rx + 1) * (2 * ry + 1)))
-        self._launch1(K.box_y_kernel, w * n, tmp, ry, inv, out)
+        self._launch1(kcost.box_y_kernel, w * n, tmp, ry, inv, out)
         return out
 
     def finalize_volume(self, m, min_d, kind, ml, ml2, mr, mr2):
         h, w, n = m.shape
         vol = self._empty((h, w, n), np.uint8)
-        self._launch_rows(K.finalize_kernel, h, w * n, m, min_d, kind, ml, ml2, mr, mr2, vol)
+        self._launch_rows(kcost.finalize_kernel, h, w * n, m, min_d, kind, ml, ml2, mr, mr2, vol)
         return vol
 
     def table_volume(self, ql, qr, table, min_d, ndisp):
         h, w = ql.shape
         vol = self._empty((h, w, ndisp), np.uint8)
-        self._launch_rows(K.table_volume_kernel, h, w * ndisp, ql, qr, table, min_d, vol)
+        self._launch_rows(kcost.table_volume_kernel, h, w * ndisp, ql, qr, table, min_d, vol)
         return vol
 
     def joint_histogram(self, ql, qr, disp):
         h, w = ql.shape
         hist = self._zeros((256, 256), np.int32)
-        self._launch2(K.joint_histogram_kernel, h, w, ql, qr, disp, hist)
+        self._launch2(kcost.joint_histogram_kernel, h, w, ql, qr, disp, hist)
         return self.download(hist).astype(np.float64)
 
     # ------------------------------------------------------------ aggregation
     def box_u8(self, vol, r):
         h, w, n = vol.shape
         tmp, out = self._empty((h, w, n), np.int32), self._empty((h, w, n), np.uint8)
-        self._launch1(K.box_u8_x_kernel, h * n, vol, r, tmp)
-        self._launch1(K.box_u8_y_kernel, w * n, tmp, r, out)
+        self._launch1(kagg.box_u8_x_kernel, h * n, vol, r, tmp)
+        self._launch1(kagg.box_u8_y_kernel, w * n, tmp, r, out)
         return out
 
     def sgm(self, vol, guide, p1, p2, adaptive, paths):
         """-> PathVolumes: the direction volumes, added by `select` as it reads them."""
         h, w, n = vol.shape
-        if n > K.MAX_SGM_DISPARITIES:
-            raise StereoError(f"the CUDA SGM handles at most {K.MAX_SGM_DISPARITIES} disparities, not {n}; "
+        if n > kc.MAX_SGM_DISPARITIES:
+            raise StereoError(f"the CUDA SGM handles at most {kc.MAX_SGM_DISPARITIES} disparities, not {n}; "
                               f"use --device cpu")
         pairs = aggregate.direction_pairs(paths)
         dirs, starts = self._lines(h, w, paths)
         sp = self._empty((2 * len(pairs), h, w, n), np.uint16)
-        kernel, G, vec = K.sgm_kernel_for(n)
-        per_block = K.sgm_lines_per_block(G)
+        kernel, G, vec = kagg.sgm_kernel_for(n)
+        per_block = kagg.sgm_lines_per_block(G)
         blocks = (starts.shape[0] + per_block - 1) // per_block
-        threads = G if K.SIM else 32 * K.SGM_WARPS
+        threads = G if kc.SIM else 32 * kc.SGM_WARPS
         c1 = vol.view(np.uint32).reshape(vol.size // 4) if vec else vol.reshape(vol.size)  # flat
         kernel[blocks, threads, self.stream](c1, guide.reshape(h * w), h, w, n, p1,
                                              self._p2_table(p1, p2, adaptive), self._rows(sp, vec), dirs, starts)
@@ -298,9 +304,9 @@ class CudaBackend:
         _, h, w, n = sp.shape
         s = self._empty((h, w, n), np.uint16)
         if paths.vec:
-            self._launch_rows(K.sgm_sum4_kernel, h, w * n // 4, sp.view(np.uint64), s.view(np.uint64))
+            self._launch_rows(kagg.sgm_sum4_kernel, h, w * n // 4, sp.view(np.uint64), s.view(np.uint64))
         else:
-            self._launch_rows(K.sgm_sum_kernel, h, w * n, sp, s)
+            self._launch_rows(kagg.sgm_sum_kernel, h, w * n, sp, s)
         return s
 
     def _p2_table(self, p1, p2, adaptive):
@@ -342,7 +348,7 @@ class CudaBackend:
     # ------------------------------------------------------------ selection
     def select(self, agg, min_d, uniqueness, subpixel, right):
         """(left disparity, right disparity or None) from an aggregated volume or the
-        PathVolumes of sgm, in one pass (cuda_kernels._make_select_kernel)."""
+        PathVolumes of sgm, in one pass (select._make_select_kernel)."""
         if isinstance(agg, PathVolumes):
             V, vec = self._rows(agg.sp, agg.vec), agg.vec
         else:
@@ -353,8 +359,8 @@ class CudaBackend:
             raise StereoError(f"the CUDA selection takes at most 32768 disparities, not {n}; use --device cpu")
         out = self._empty((h, w), np.float32)
         out_r = self._empty((h, w), np.float32) if right else out
-        grid = ((w + K.SELECT_SEGMENT - 1) // K.SELECT_SEGMENT, h)
-        K.select_kernel_for(vec, n)[grid, K.SGM_LANES * K.SELECT_WARPS, self.stream](
+        grid = ((w + ksel.SELECT_SEGMENT - 1) // ksel.SELECT_SEGMENT, h)
+        ksel.select_kernel_for(vec, n)[grid, kc.SGM_LANES * ksel.SELECT_WARPS, self.stream](
             V, V.shape[0], w, n, shift, min_d, np.float32(uniqueness), bool(subpixel), bool(right), out, out_r)
         return out, (out_r if right else None)
 
@@ -362,7 +368,7 @@ class CudaBackend:
     def lr_check(self, disp, disp_r, max_diff):
         h, w = disp.shape
         out = self._empty((h, w), np.float32)
-        self._launch2(K.lr_check_kernel, h, w, disp, disp_r, np.float32(max_diff), out)
+        self._launch2(kref.lr_check_kernel, h, w, disp, disp_r, np.float32(max_diff), out)
         return out
 
     def speckle(self, disp, max_size, max_diff):
@@ -370,20 +376,20 @@ class CudaBackend:
         labels = self._empty((h * w,), np.int32)
         sizes = self._zeros((h * w,), np.int32)
         out = self._empty((h, w), np.float32)
-        self._launch2(K.ccl_init_kernel, h, w, disp, labels)
-        self._launch2(K.ccl_merge_kernel, h, w, disp, np.float32(max_diff), labels)
-        self._launch1(K.ccl_count_kernel, h * w, labels, sizes)
-        self._launch2(K.speckle_apply_kernel, h, w, disp, labels, sizes, max_size, out)
+        self._launch2(kref.ccl_init_kernel, h, w, disp, labels)
+        self._launch2(kref.ccl_merge_kernel, h, w, disp, np.float32(max_diff), labels)
+        self._launch1(kref.ccl_count_kernel, h * w, labels, sizes)
+        self._launch2(kref.speckle_apply_kernel, h, w, disp, labels, sizes, max_size, out)
         return out
 
     def fill(self, disp, mode):
         h, w = disp.shape
         out = self._empty((h, w), np.float32)
-        self._launch2(K.fill_kernel, h, w, disp, mode, out)
+        self._launch2(kref.fill_kernel, h, w, disp, mode, out)
         return out
 
     def median(self, disp, r):
         h, w = disp.shape
         out = self._empty((h, w), np.float32)
-        self._launch2(K.median_kernel, h, w, disp, r, out)
+        self._launch2(kref.median_kernel, h, w, disp, r, out)
         return out

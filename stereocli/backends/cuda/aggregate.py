@@ -1,0 +1,306 @@
+"""Aggregation kernels (stages/aggregate.py on the GPU): box aggregation of a uint8 volume, and the SGM path-line kernel."""
+import os
+
+from numba import cuda, int32, uint32, uint64
+
+from ...stages import aggregate as _agg
+from .common import _REGS, BIG, CACHE, SGM_K, SGM_LANES, SGM_WARPS, SIM, _volume_index, from_lane_above, from_lane_below, warp_min, device_twins
+
+agg = device_twins(_agg)  # the stage's shared arithmetic, as device functions
+
+@cuda.jit(cache=CACHE)
+def box_u8_x_kernel(C, r, out):
+    i = cuda.grid(1)
+    h, w, n = C.shape
+    if i < h * n:
+        d = i % n
+        y = i // n
+        acc = int32(0)
+        for k in range(-r, r + 1):
+            acc += C[y, min(max(k, 0), w - 1), d]
+        for x in range(w):
+            out[y, x, d] = acc
+            acc += int32(C[y, min(x + r + 1, w - 1), d]) - int32(C[y, max(x - r, 0), d])
+
+
+@cuda.jit(cache=CACHE)
+def box_u8_y_kernel(T, r, out):
+    i = cuda.grid(1)
+    h, w, n = T.shape
+    if i < w * n:
+        d = i % n
+        x = i // n
+        area = (2 * r + 1) * (2 * r + 1)
+        acc = int32(0)
+        for k in range(-r, r + 1):
+            acc += T[min(max(k, 0), h - 1), x, d]
+        for y in range(h):
+            out[y, x, d] = (acc + area // 2) // area
+            acc += T[min(y + r + 1, h - 1), x, d] - T[max(y - r, 0), x, d]
+
+
+def _group_exchange(G):
+    """Min over a group of G lanes and the edge values of the neighbouring lanes, for
+    groups of G aligned lanes inside a warp (several path lines per warp)."""
+    if SIM:
+        return warp_min, from_lane_below, from_lane_above
+
+    @cuda.jit(device=True, inline=True)
+    def group_min(v, scratch, w, gl):
+        off = G // 2
+        while off > 0:
+            v = min(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, off))
+            off //= 2
+        return v
+
+    @cuda.jit(device=True, inline=True)
+    def below(v, scratch, w, gl):
+        r = cuda.shfl_up_sync(0xFFFFFFFF, v, 1)
+        return r if gl > 0 else int32(BIG)
+
+    @cuda.jit(device=True, inline=True)
+    def above(v, scratch, w, gl):
+        r = cuda.shfl_down_sync(0xFFFFFFFF, v, 1)
+        return r if gl < G - 1 else int32(BIG)
+
+    return group_min, below, above
+
+
+def _make_sgm_kernel(G, K, vec):
+    """The SGM line kernel for groups of G lanes, each lane holding K disparities in
+    registers (a group covers G * K disparities). `vec`: the cost volume is read as
+    uint32 words (4 costs) and the path volume written as uint64 words (4 values),
+    which needs D % 4 == 0 and K % 4 == 0.
+
+    The volumes and the guide are flat: a walk keeps the flat index of its pixel and of
+    its lane's first word there, and steps them by constant strides (unsigned indices,
+    so no per-access multiply or negative-index fix-up)."""
+    GROUPS = 1 if SIM else 32 // G  # path lines per warp
+    group_min, from_below, from_above = _group_exchange(G)
+
+    @cuda.jit(device=True, inline=True)
+    def load(C1, off, nk, c):
+        """The costs of one pixel into c: off is the flat index of this lane's first
+        cost (vec: its first uint32 word) there; nk of its K disparities exist."""
+        if vec:
+            for i in range(K // 4):
+                word = C1[uint64(off + i)] if 4 * i < nk else uint32(0)
+                for b in range(4):
+                    c[4 * i + b] = int32((word >> uint32(8 * b)) & uint32(0xFF))
+        else:
+            for j in range(K):
+                c[j] = int32(C1[uint64(off + j)]) if j < nk else int32(0)
+
+    @cuda.jit(device=True, inline=True)
+    def store(S1, off, nk, v):
+        if vec:
+            for i in range(K // 4):
+                if 4 * i < nk:
+                    S1[uint64(off + i)] = (uint64(v[4 * i] & 0xFFFF) | (uint64(v[4 * i + 1] & 0xFFFF) << uint64(16))
+                                           | (uint64(v[4 * i + 2] & 0xFFFF) << uint64(32))
+                                           | (uint64(v[4 * i + 3] & 0xFFFF) << uint64(48)))
+        else:
+            for j in range(K):
+                if j < nk:
+                    S1[uint64(off + j)] = v[j]
+
+    @cuda.jit(device=True, inline=True)
+    def begin(C1, G1, S1, p, pstep, off, stride, length, nk, cur, c, cn, scratch, w, gl):
+        """First pixel of a path (flat index p, lane offset off; the next pixel is at
+        p + pstep, off + stride): L = C there; starts the loads of the next pixel's costs
+        (into cn) and guide value. Returns (min L of the group, guide here, guide at the
+        next pixel)."""
+        g = int32(0)
+        gn = int32(0)
+        if length > 0:
+            g = int32(G1[uint64(p)])
+            load(C1, off, nk, c)
+        if length > 1:
+            gn = int32(G1[uint64(p + pstep)])
+            load(C1, off + stride, nk, cn)
+        m = int32(BIG)
+        for j in range(K):
+            v = c[j] if j < nk else int32(BIG)
+            cur[j] = v
+            m = min(m, v)
+        if length > 0:
+            store(S1, off, nk, cur)
+        return group_min(m, scratch, w, gl), g, gn
+
+    @cuda.jit(device=True, inline=True)
+    def advance(C1, G1, p1, p2tab, S1, p, pstep, off, stride, s, length, nk, m, gp, g, prev, cur,
+                c, cn, scratch, w, gl):
+        """Step s of a path, at the pixel (p, off): cur = SGM update of prev with the
+        costs loaded a step ago; starts the load of the next pixel's (deeper prefetch
+        measured no faster on an H100). A group past the end of its line computes but
+        loads and stores nothing (the shuffles need every lane of the warp).
+        gp, g: the guide values of the previous and this pixel (loaded a step ahead, like
+        the costs). Returns (min cur of the group, g, the next pixel's guide value)."""
+        for j in range(K):
+            prev[j] = cur[j]
+            c[j] = cn[j]
+        gn = int32(0)
+        if s + 1 < length:
+            load(C1, off + stride, nk, cn)
+            gn = int32(G1[uint64(p + pstep)])
+        p2e = p2tab[abs(g - gp)]  # penalty2 of every grey step, tabulated by the host
+        lo0 = from_below(prev[K - 1], scratch, w, gl)
+        hiK = from_above(prev[0], scratch, w, gl)
+        mloc = int32(BIG)
+        for j in range(K):
+            lo = prev[j - 1] if j > 0 else lo0
+            hi = prev[j + 1] if j + 1 < K else hiK
+            v = agg.sgm_value(c[j], prev[j], lo, hi, m, p1, p2e)
+            v = v if j < nk else int32(BIG)
+            cur[j] = v
+            mloc = min(mloc, v)
+        if s < length:
+            store(S1, off, nk, cur)
+        return group_min(mloc, scratch, w, gl), g, gn
+
+    @cuda.jit(device=True, inline=True)
+    def line_length(y, x, dx, dy, h, wd):
+        steps = 1 << 30
+        if dx > 0:
+            steps = min(steps, (wd - 1 - x) // dx)
+        elif dx < 0:
+            steps = min(steps, x // (-dx))
+        if dy > 0:
+            steps = min(steps, (h - 1 - y) // dy)
+        elif dy < 0:
+            steps = min(steps, y // (-dy))
+        return steps + 1
+
+    @cuda.jit(device=True, inline=True)
+    def warp_max(v):
+        if SIM:
+            return v
+        for off in (16, 8, 4, 2, 1):
+            v = max(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, off))
+        return v
+
+    @cuda.jit(cache=CACHE, **_REGS("STEREOCLI_SGM_REGS", SGM_REGISTER_CAP.get(K, 0)))
+    def sgm_lines_kernel(C1, G1, h, wd, n, p1, p2table, Sd1, dirs, starts):
+        """All path lines of all direction pairs in one launch, GROUPS lines per warp
+        (starts[i] = (y, x, pair q), longest first). Pair q = dirs[q] = (dx, dy) walks the
+        line along r into Sd1[2q] and, at the same time, back along -r into Sd1[2q + 1]:
+        only stores, and no two groups write the same element. C1, G1, Sd1[k]: the cost
+        volume (vec: as uint32 words), the guide and the path volumes (vec: as uint64
+        words), flat. The direction volumes are added by the selection kernel."""
+        scratch = cuda.shared.array((SGM_WARPS, SGM_LANES), int32)  # the simulator's exchange
+        p2tab = cuda.shared.array(256, int32)
+        for i in range(cuda.threadIdx.x, 256, cuda.blockDim.x):
+            p2tab[i] = p2table[i]
+        cuda.syncthreads()  # before any thread returns
+        prev = cuda.local.array(K, int32)  # the walk along r
+        cur = cuda.local.array(K, int32)
+        c = cuda.local.array(K, int32)  # costs of this pixel and of the next
+        cn = cuda.local.array(K, int32)
+        prev2 = cuda.local.array(K, int32)  # the walk back along -r, interleaved with it
+        cur2 = cuda.local.array(K, int32)
+        c2 = cuda.local.array(K, int32)
+        cn2 = cuda.local.array(K, int32)
+        tid = cuda.threadIdx.x
+        if SIM:
+            w, gl, grp = 0, tid, 0
+        else:
+            w = tid // 32
+            gl = (tid % 32) % G
+            grp = (tid % 32) // G
+        first = (cuda.blockIdx.x * SGM_WARPS + w) * GROUPS
+        nlines = starts.shape[0]
+        if first >= nlines:
+            return  # the whole warp is idle
+        line = first + grp
+        valid = line < nlines
+        li = line if valid else first
+        p1i = int32(p1)  # a new name: rebinding p1 would unify back to int64
+        y0 = starts[li, 0]
+        x0 = starts[li, 1]
+        q = starts[li, 2]
+        dx = dirs[q, 0]
+        dy = dirs[q, 1]
+        length = line_length(y0, x0, dx, dy, h, wd) if valid else 0
+        maxlen = warp_max(length)
+        d0 = gl * K
+        nk = int32(n - d0)  # how many of this lane's K disparities exist
+        per = n >> 2 if vec else n  # words (vec) or costs per pixel
+        first_word = d0 >> 2 if vec else d0
+        pstep = dy * wd + dx  # flat step of the forward walk
+        stride = pstep * per
+        p = y0 * wd + x0
+        pb = (y0 + (length - 1) * dy) * wd + x0 + (length - 1) * dx  # the last pixel: start of the walk back
+        off = p * per + first_word
+        offb = pb * per + first_word
+        Sf, Sb = Sd1[2 * q], Sd1[2 * q + 1]
+        # the two walks are independent chains: stepping them together hides each one's latency
+        m, gp, g = begin(C1, G1, Sf, p, pstep, off, stride, length, nk, cur, c, cn, scratch, w, gl)
+        m2, gp2, g2 = begin(C1, G1, Sb, pb, -pstep, offb, -stride, length, nk, cur2, c2, cn2, scratch, w, gl)
+        for s in range(1, maxlen):
+            p += pstep
+            off += stride
+            pb -= pstep
+            offb -= stride
+            m, gp, g = advance(C1, G1, p1i, p2tab, Sf, p, pstep, off, stride, s, length, nk, m, gp, g,
+                               prev, cur, c, cn, scratch, w, gl)
+            m2, gp2, g2 = advance(C1, G1, p1i, p2tab, Sb, pb, -pstep, offb, -stride, s, length, nk, m2, gp2, g2,
+                                  prev2, cur2, c2, cn2, scratch, w, gl)
+
+    return sgm_lines_kernel
+
+
+
+
+_SGM_KERNELS = {}
+# Disparities per lane K: 4 up to 128 disparities (one to 32 lanes per line), 16 above.
+# Measured on an H100 (benchmarks/gpu.py; STEREOCLI_SGM_K=4/8/16 forces K and
+# STEREOCLI_SGM_REGS the register cap): at 128 disparities K = 4 capped at 64 registers
+# (28 warps per SM instead of 16 for K = 8) is 13 % (KITTI) and 10 % (1080p, 8 paths)
+# faster than K = 8; K = 16 wins at 256 disparities.
+SGM_REGISTER_CAP = {4: 64}
+
+
+def sgm_kernel_for(ndisp):
+    """(kernel, G, vec) for D disparities: G lanes per path line, K disparities per lane."""
+    if SIM:
+        G, K = SGM_LANES, SGM_K
+    else:
+        K = int(os.environ.get("STEREOCLI_SGM_K", "0")) or (4 if ndisp <= 128 else 16)
+        G = 1
+        while G * K < ndisp:
+            G *= 2
+        if G > 32:
+            raise ValueError(f"{ndisp} disparities need more than 32 lanes of {K}")
+    vec = (not SIM) and ndisp % 4 == 0 and K % 4 == 0
+    if (G, K, vec) not in _SGM_KERNELS:
+        _SGM_KERNELS[(G, K, vec)] = _make_sgm_kernel(G, K, vec)
+    return _SGM_KERNELS[(G, K, vec)], G, vec
+
+
+def sgm_lines_per_block(G):
+    return 1 if SIM else SGM_WARPS * (32 // G)
+
+
+@cuda.jit(cache=CACHE)
+def sgm_sum4_kernel(Sp4, S4):
+    """The direction volumes added four disparities at a time as packed uint64 words:
+    exact, because a sum never exceeds 65535 (config bounds paths * (255 + P2)), so no
+    carry crosses from one 16-bit value into the next."""
+    npairs, h, w, n4 = Sp4.shape
+    y, x, wi, inside = _volume_index(w, n4)
+    if inside:
+        acc = uint64(0)
+        for q in range(npairs):
+            acc += Sp4[q, y, x, wi]
+        S4[y, x, wi] = acc
+
+
+@cuda.jit(cache=CACHE)
+def sgm_sum_kernel(Sp, S):
+    npairs, h, w, n = Sp.shape
+    y, x, d, inside = _volume_index(w, n)
+    if inside:
+        acc = int32(0)
+        for q in range(npairs):
+            acc += Sp[q, y, x, d]
+        S[y, x, d] = acc

@@ -1,0 +1,152 @@
+"""What the CUDA kernels of every stage share: the device twins of the stages' shared
+functions (their Python source compiled a second time, with cuda.jit), the launch
+constants, the warp exchange (with shared-memory stand-ins under the simulator) and
+the volume indexing.
+
+The kernels live one module per stage, named like `stereocli/stages/`: preprocess,
+cost, aggregate (SGM), select, refine. Imported only by the CUDA backend (it needs
+numba-cuda).
+"""
+import os
+import types
+
+from numba import config, cuda, int32, uint32
+
+from ...stages import cost as _cost
+from ...stages import CACHE, SHARED  # noqa: F401  (CACHE: for the kernel modules)
+
+OUTSIDE = _cost.OUTSIDE  # the cost of a match outside the right image
+
+
+_DEVICE = {}  # id of a CPU-compiled shared function -> its device twin
+
+
+def _dev(f):
+    """The device function of a shared function: its Python source compiled again with
+    cuda.jit, with the shared functions it calls replaced by their device twins."""
+    if id(f) not in _DEVICE:
+        py = f.py_func
+        env = dict(py.__globals__)
+        for name in py.__code__.co_names:
+            if any(env.get(name) is g for g in SHARED):
+                env[name] = _dev(env[name])
+        fn = types.FunctionType(py.__code__, env, py.__name__, py.__defaults__, py.__closure__)
+        _DEVICE[id(f)] = cuda.jit(device=True, inline=True)(fn)
+    return _DEVICE[id(f)]
+
+
+def device_twins(stage):
+    """A module object holding the device twin of every shared function of the stage
+    module `stage`, taken from the SHARED registry: a kernel calls `cst.census_at(...)`
+    where `cst = device_twins(stereocli.stages.cost)`."""
+    twins = types.ModuleType(f"{__name__}.twins_of_{stage.__name__.rsplit('.', 1)[-1]}")
+    for name, f in vars(stage).items():
+        if any(f is g for g in SHARED):
+            setattr(twins, name, _dev(f))
+    return twins
+
+
+def _REGS(var, default=0):
+    """A register cap (cuda.jit's max_registers; 0 = the compiler's choice), with a
+    tuning knob in the environment variable `var`."""
+    r = int(os.environ.get(var, default))
+    return {"max_registers": r} if r and not SIM else {}
+
+
+
+SIM = bool(config.ENABLE_CUDASIM)
+TPB = 256
+BIG = 65535
+# SGM: one group of G lanes per path line, 32 / G lines per warp (as libSGM does); lane
+# l keeps disparities 16l .. 16l + 15 in registers and swaps edge values and the minimum
+# with its neighbours through warp shuffles. The simulator has no shuffles and its
+# barriers are slow: there a group is one thread by default (STEREOCLI_SIM_LANES=4
+# tests the exchange through a shared-memory twin), one group per block.
+if SIM:
+    SGM_LANES = int(os.environ.get("STEREOCLI_SIM_LANES", "1"))
+    SGM_WARPS = 1  # groups per block: the twin's syncthreads must be a group barrier
+else:
+    SGM_LANES = 32
+    SGM_WARPS = 4
+# disparities per lane (at most); under the simulator's multi-lane test, 2, so that few disparities span lanes
+SGM_K = 2 if SIM and SGM_LANES > 1 else 16
+MAX_SGM_DISPARITIES = SGM_LANES * SGM_K
+
+
+# ------------------------------------------------------------- warp exchange
+if SIM:
+    @cuda.jit(device=True)
+    def warp_min(v, scratch, w, lane):
+        if SGM_LANES == 1:
+            return v
+        scratch[w, lane] = v
+        cuda.syncthreads()
+        m = scratch[w, 0]
+        for i in range(1, SGM_LANES):
+            m = min(m, scratch[w, i])
+        cuda.syncthreads()
+        return m
+
+    @cuda.jit(device=True)
+    def from_lane_below(v, scratch, w, lane):
+        if SGM_LANES == 1:
+            return int32(BIG)
+        scratch[w, lane] = v
+        cuda.syncthreads()
+        r = scratch[w, lane - 1] if lane > 0 else int32(BIG)
+        cuda.syncthreads()
+        return r
+
+    @cuda.jit(device=True)
+    def from_lane_above(v, scratch, w, lane):
+        if SGM_LANES == 1:
+            return int32(BIG)
+        scratch[w, lane] = v
+        cuda.syncthreads()
+        r = scratch[w, lane + 1] if lane < SGM_LANES - 1 else int32(BIG)
+        cuda.syncthreads()
+        return r
+
+    @cuda.jit(device=True)
+    def from_lane(v, src, scratch, w, lane):
+        if SGM_LANES == 1:
+            return v
+        scratch[w, lane] = v
+        cuda.syncthreads()
+        r = scratch[w, src]
+        cuda.syncthreads()
+        return r
+else:
+    @cuda.jit(device=True, inline=True)
+    def warp_min(v, scratch, w, lane):
+        v = min(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, 16))
+        v = min(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, 8))
+        v = min(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, 4))
+        v = min(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, 2))
+        v = min(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, 1))
+        return v
+
+    @cuda.jit(device=True, inline=True)
+    def from_lane_below(v, scratch, w, lane):
+        r = cuda.shfl_up_sync(0xFFFFFFFF, v, 1)
+        return r if lane > 0 else int32(BIG)
+
+    @cuda.jit(device=True, inline=True)
+    def from_lane_above(v, scratch, w, lane):
+        r = cuda.shfl_down_sync(0xFFFFFFFF, v, 1)
+        return r if lane < 31 else int32(BIG)
+
+    @cuda.jit(device=True, inline=True)
+    def from_lane(v, src, scratch, w, lane):
+        return cuda.shfl_sync(0xFFFFFFFF, v, src)
+
+
+@cuda.jit(device=True, inline=True)
+def _volume_index(w, n):
+    """(y, x, d, inside) of this thread's element of a (h, w, n) volume, d fastest (so
+    consecutive threads touch consecutive bytes), launched by CudaBackend._launch_rows:
+    one grid row per image row, the division in unsigned 32 bits (a 64-bit one costs
+    more than the element's work)."""
+    i = uint32(cuda.blockIdx.x) * uint32(cuda.blockDim.x) + uint32(cuda.threadIdx.x)
+    x = i // uint32(n)
+    return int32(cuda.blockIdx.y), int32(x), int32(i - x * uint32(n)), x < uint32(w)
