@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import cv2
 import numpy as np
 
+from .backends.protocol import Backend
 from .config import Params, load
 from .errors import StereoError
 from .io import nonfinite_mask, to_grey
@@ -138,7 +139,7 @@ def check_inputs(left: np.ndarray, right: np.ndarray, params: Params) -> None:
                           f"use at most {w}")
 
 
-def run(left, right, params: Params, backend) -> Result:
+def run(left, right, params: Params, backend: Backend) -> Result:
     """Match a rectified pair (any shape/dtype io.to_grey accepts) -> Result."""
     params.validate()
     check_inputs(left, right, params)

@@ -239,3 +239,19 @@ def test_large_pair_in_strips_is_identical_on_cpu_and_gpu():
     b = pipeline.run(left, right, params, GPU)
     assert a.strips == b.strips > 1 and not a.notes and not b.notes
     assert same_maps(a.disparity, b.disparity).all()
+
+
+def test_both_backends_provide_every_operation_of_the_protocol():
+    """backends/protocol.py declares what pipeline.run calls; each backend has every
+    operation, with the same parameters."""
+    import inspect
+
+    from stereocli.backends.protocol import Backend
+    ops = [n for n, f in vars(Backend).items() if inspect.isfunction(f) and not n.startswith("_")]
+    assert len(ops) > 20
+    for backend in (CPU, GPU):
+        assert backend.name in ("cpu", "cuda")
+        for op in ops:
+            want = list(inspect.signature(getattr(Backend, op)).parameters)[1:]
+            got = list(inspect.signature(getattr(backend, op)).parameters)
+            assert got == want, (type(backend).__name__, op)

@@ -1,7 +1,9 @@
 """Backends: what differs between the CPU and the GPU (arrays, launches, transfers).
 
-A backend exposes the same operations (one per stage step); the pipeline calls
-them and never asks which device it runs on.
+A backend exposes the same operations (one per stage step), declared once in
+`protocol.Backend`; the pipeline calls them and never asks which device it runs on.
+CPU: `cpu.py` over the drivers in `stereocli/stages/`; GPU: `cuda/` (one kernel
+module per stage, named like the stages).
 """
 from __future__ import annotations
 

@@ -82,9 +82,9 @@ class CpuBackend:
         return 2
 
     # selection
-    def select(self, s, min_d, uniqueness, subpixel, right):
+    def select(self, agg, min_d, uniqueness, subpixel, right):
         """(left disparity, right disparity or None) by winner-takes-all."""
-        left, right_disp = select.select_cpu(s, min_d, np.float32(uniqueness), subpixel, right)
+        left, right_disp = select.select_cpu(agg, min_d, np.float32(uniqueness), subpixel, right)
         return left, (right_disp if right else None)
 
     # refinement

@@ -1,0 +1,96 @@
+"""What a backend provides: the operations `pipeline.run` calls, declared once.
+
+`CpuBackend` (NumPy arrays, `stages/*_cpu` drivers) and `CudaBackend` (device arrays,
+`backends/cuda/*` kernels) implement it; a new backend implements every method below
+and passes tests/test_cuda.py's comparisons against the CPU. "Array" is the backend's
+own array type (numpy.ndarray on the CPU, a device array on the GPU); shapes are
+(H, W) for images and maps, (H, W, D) for volumes with the disparity index d fastest.
+Disparity index d means disparity min_d + d (stages/cost.py: right_x, inside_range).
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+Array = Any  # numpy.ndarray or a numba device array
+
+
+class Backend(Protocol):
+    name: str  # "cpu" or "cuda": reported in timings and JSON
+
+    # ---------------------------------------------------------------- memory
+    def describe(self) -> str:
+        """One line for --timings: the device and its threads or memory."""
+
+    def upload(self, a) -> Array:
+        """A host numpy array onto the device (no copy on the CPU)."""
+
+    def to_float(self, a: Array) -> Array:
+        """uint8 (H, W) -> float32 (H, W), the same values."""
+
+    def download(self, a: Array):
+        """A device array back as a host numpy array."""
+
+    def synchronize(self) -> None:
+        """Wait for the work launched so far (the pipeline's timer calls it before each lap)."""
+
+    def free_memory(self) -> float | None:
+        """Bytes this device can still give, or None if unknown (strip planning)."""
+
+    def sgm_bytes_per_element(self, paths: int) -> int:
+        """Bytes per volume cell that `sgm` keeps for `paths` directions (strip planning)."""
+
+    # ---------------------------------------------------------------- preprocessing
+    def dog(self, img: Array, k1: Array, k2: Array) -> Array:
+        """Difference of Gaussians of a float32 (H, W) image with 1-D kernels k1, k2."""
+
+    def bilateral(self, img: Array, r: int, inv_ss: float, inv_sc: float) -> Array:
+        """Separable bilateral filter of a float32 (H, W) image."""
+
+    def subtract_mean(self, img: Array, mean: Array) -> Array:
+        """img - mean, float32 (H, W) each (zero-mean costs)."""
+
+    # ---------------------------------------------------------------- costs
+    def census_volume(self, left: Array, right: Array, min_d: int, ndisp: int, wx: int, wy: int) -> Array:
+        """uint8 (H, W, ndisp) census cost in cost units, OUTSIDE beyond the right image."""
+
+    def diff_volume(self, left: Array, right: Array, min_d: int, ndisp: int, kind: int) -> Array:
+        """float32 (H, W, ndisp) per-pixel difference of `kind` (cost.ABS, SQ, PROD, BT)."""
+
+    def box_mean(self, vol: Array, rx: int, ry: int) -> Array:
+        """float32 (H, W, D) means over (2rx+1) x (2ry+1) windows, edges replicated."""
+
+    def finalize_volume(self, m: Array, min_d: int, kind: int, ml: Array, ml2: Array, mr: Array,
+                        mr2: Array) -> Array:
+        """Window means -> uint8 (H, W, D) cost units; kind cost.MEAN, RMS, ZSSD or ZNCC."""
+
+    def table_volume(self, ql: Array, qr: Array, table: Array, min_d: int, ndisp: int) -> Array:
+        """uint8 (H, W, ndisp) = table[ql[y, x], qr[y, right_x]] (mutual information)."""
+
+    def joint_histogram(self, ql: Array, qr: Array, disp: Array):
+        """(256, 256) histogram of grey pairs matched by `disp` (host numpy array)."""
+
+    # ---------------------------------------------------------------- aggregation
+    def box_u8(self, vol: Array, r: int) -> Array:
+        """Box aggregation of a uint8 (H, W, D) volume over (2r+1)^2, rounded mean."""
+
+    def sgm(self, vol: Array, guide: Array, p1: int, p2: int, adaptive: bool, paths: int):
+        """SGM over `paths` directions of a uint8 (H, W, D) volume with the uint8 (H, W)
+        grey guide: the uint16 sum (CPU), or the per-direction volumes (GPU) that `select`
+        adds as it reads them."""
+
+    # ---------------------------------------------------------------- selection
+    def select(self, agg, min_d: int, uniqueness: float, subpixel: bool, right: bool):
+        """(left float32 (H, W), right float32 (H, W) or None): winner-takes-all, NaN invalid."""
+
+    # ---------------------------------------------------------------- refinement
+    def lr_check(self, disp: Array, disp_r: Array, max_diff: float) -> Array:
+        """Left disparities that the right map confirms within max_diff, others NaN."""
+
+    def speckle(self, disp: Array, max_size: int, max_diff: float) -> Array:
+        """NaN over 4-connected regions (steps <= max_diff) of at most max_size pixels."""
+
+    def fill(self, disp: Array, mode: int) -> Array:
+        """Invalid pixels from their row neighbours (refine.BACKGROUND or NEAREST)."""
+
+    def median(self, disp: Array, r: int) -> Array:
+        """(2r+1)^2 median of the valid values; invalid stays invalid."""
