@@ -23,6 +23,7 @@ import contextlib
 import os
 import queue
 import re
+import sys
 import threading
 import time
 from collections import deque
@@ -78,6 +79,11 @@ class Summary:
             self.failed += 1
             self.failures.append((ev["left"], ev.get("error", "")))
         return ev
+
+    def reporter(self, on_event):
+        """report(ev, counts=None): count a finished pair, then pass its event to `on_event`."""
+        on_event = on_event or (lambda ev: None)
+        return lambda ev, counts=None: on_event(self.record(ev, counts))
 
     @property
     def total(self) -> int:
@@ -293,6 +299,37 @@ def _folder(path, what) -> Path:
     return p
 
 
+def collect_pairs(folders, out_dir, ext: str, *, pairs_file=None, sbs=False, left_glob=None, right_glob=None,
+                  gt_dir=None, gt_glob=None, stream=False):
+    """The pairs of a batch, from folders (LEFT_DIR RIGHT_DIR, or one folder of
+    side-by-side frames) or a --pairs file ('-': standard input, read lazily with
+    `stream`), with their ground truth; checked (outputs distinct, no input
+    overwritten) and the output folder created. A stream is checked pair by pair."""
+    if stream:
+        pairs = checked_stream(iter_pairs_lines(sys.stdin, out_dir, ext, sbs, "--pairs (stdin)"))
+    elif pairs_file:
+        if pairs_file == "-":
+            text, source = sys.stdin.read(), "--pairs (stdin)"
+        else:
+            try:
+                text, source = Path(pairs_file).read_text(), f"--pairs {pairs_file}"
+            except OSError as e:
+                raise StereoError(f"cannot read --pairs {pairs_file}: {e.strerror}") from None
+        pairs = read_pairs_file(text, out_dir, ext, sbs, source)
+    else:
+        pairs = find_pairs(folders[0], None if sbs else folders[1], out_dir, ext, left_glob, right_glob, sbs)
+    if gt_dir:
+        pairs = attach_ground_truth(pairs, gt_dir, gt_glob)
+    if not stream:
+        check_outputs(pairs)
+    if not io.is_url(out_dir):
+        try:
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StereoError(f"cannot create the output folder {out_dir}: {e.strerror}") from None
+    return pairs
+
+
 # ----------------------------------------------------------------------------- running
 
 def load_pair(pair: Pair):
@@ -334,8 +371,12 @@ def match_one(pair: Pair, params, backend, ext: str, skip_existing: bool = False
     except Exception as e:  # one bad pair must not stop the batch
         raise_interrupt(e)
         return failed_event(pair, error_text(e)), None
-    return {**_event(pair, "ok"), **_result_fields(result), "read_ms": round(read_ms, 3),
-            "write_ms": round(write_ms, 3)}, counts
+    return {**ok_event(pair, result, read_ms), "write_ms": round(write_ms, 3)}, counts
+
+
+def ok_event(pair: Pair, result, read_ms: float) -> dict:
+    """The event of a matched pair (its write_ms is added once written)."""
+    return {**_event(pair, "ok"), "read_ms": round(read_ms, 3), **_result_fields(result)}
 
 
 def _result_fields(result) -> dict:
@@ -357,7 +398,7 @@ def run(pairs, params, backend, ext: str, *, threads: int = 4, skip_existing: bo
     KeyboardInterrupt stops after the writes in flight finish (outputs are written whole
     or not at all) and is re-raised, with `summary.interrupted` set on `summary`."""
     summary = summary if summary is not None else Summary()
-    on_event = on_event or (lambda ev: None)
+    report = summary.reporter(on_event)
     start = time.perf_counter()
     lookahead = max(2, 2 * threads)
     readers = ThreadPoolExecutor(threads, thread_name_prefix="stereo-read")
@@ -379,9 +420,6 @@ def run(pairs, params, backend, ext: str, *, threads: int = 4, skip_existing: bo
         except BaseException as e:  # a broken source ends the batch with its error
             reads.put((None, e))
         reads.put(_END)
-
-    def report(ev, counts=None):
-        on_event(summary.record(ev, counts))
 
     def finish(block: bool):
         while writes and (block or writes[0][1].done() or len(writes) > lookahead):
@@ -425,7 +463,7 @@ def run(pairs, params, backend, ext: str, *, threads: int = 4, skip_existing: bo
                 raise_interrupt(e)
                 report(failed_event(p, error_text(e)))
                 continue
-            ev = {**_event(p, "ok"), "read_ms": round(read_ms, 3), **_result_fields(result)}
+            ev = ok_event(p, result, read_ms)
             writes.append((p, writers.submit(save_result, p, result.disparity, ext, max_disparity), ev))
             finish(block=False)
         finish(block=True)

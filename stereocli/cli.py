@@ -139,6 +139,7 @@ def match(left, right, output, fmt, sbs, preview, depth_out, ply_out, focal, bas
     """
     from . import geometry, io, pipeline
     from .backends import get_backend
+    from .outputs import MatchOutputs
 
     params = _params_from(kw)
     if sbs and right is not None:
@@ -148,28 +149,8 @@ def match(left, right, output, fmt, sbs, preview, depth_out, ply_out, focal, bas
     if left == "-" and right == "-":
         raise StereoError("only one of LEFT and RIGHT can be '-' (standard input); "
                           "use --sbs to pipe one side-by-side frame")
-    to_stdout = output == "-"
-    if to_stdout:
-        if fmt is None:
-            raise StereoError("-o - writes to standard output: say the format with --format png|pfm|npy|tiff")
-        if as_json:
-            raise StereoError("--json and -o - would both write to standard output; use --timings (stderr)")
-        ext = "." + fmt
-    else:
-        out_path, ext = io.check_output_path(output, fmt)
-    if ext == ".png":
-        io.check_png_range(params.min_disparity, params.max_disparity)
-    if preview:
-        io.check_preview_path(preview)
-    cam = geometry.camera(focal, baseline, doffs, calib)
-    if (depth_out or ply_out) and cam is None:
-        raise StereoError("--depth and --ply need --focal and --baseline, or --calib")
-    if depth_out:
-        depth_path, depth_ext = io.check_output_path(depth_out)
-        if depth_ext == ".png":
-            raise StereoError(f"{depth_path}: depth is written as float: use .pfm, .npy or .tiff")
-    if ply_out:
-        io.check_ply_path(ply_out)
+    outputs = MatchOutputs.plan(output, fmt, params, preview=preview, depth=depth_out, ply=ply_out,
+                                camera=geometry.camera(focal, baseline, doffs, calib), json_on_stdout=as_json)
     left_img = io.read_image(left)
     if sbs:
         left_img, right_img = io.split_side_by_side(left_img, "standard input" if left == "-" else left)
@@ -181,26 +162,14 @@ def match(left, right, output, fmt, sbs, preview, depth_out, ply_out, focal, bas
     result = pipeline.run(left_img, right_img, params, backend)
     for note in result.notes:
         click.echo(f"stereo: note: {note}", err=True)
-    if to_stdout:
-        data = io.encode_disparity(result.disparity, ext)
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
-    else:
-        io.write_disparity(out_path, result.disparity, ext)
-    if preview:
-        io.write_preview(preview, result.disparity, params.min_disparity, params.max_disparity)
-    if depth_out:
-        io.write_disparity(depth_path, geometry.depth(result.disparity, cam))
-    if ply_out:
-        pts = geometry.point_cloud(result.disparity, left_img, cam)
-        io.write_file(ply_out, geometry.encode_ply(pts))
+    outputs.write(result.disparity, left_img)
     h, w = result.disparity.shape
     if timings:
         _print_timings(result, backend, w, h, params)
     if as_json:
         valid = float((result.disparity == result.disparity).mean())
         click.echo(json.dumps({
-            "left": left, "right": right, "output": str(out_path), "width": w, "height": h,
+            "left": left, "right": right, "output": str(outputs.disparity), "width": w, "height": h,
             "min_disparity": params.min_disparity, "num_disparities": params.num_disparities,
             "device": result.device, "strips": result.strips, "valid_fraction": round(valid, 6),
             "timings_ms": {k: round(v, 3) for k, v in result.timings.items()},
@@ -362,13 +331,13 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, threads
       stereo batch left/ right/ -o disp/ --scheduler local --device cuda   # one worker per GPU
       stereo batch /shared/left /shared/right -o /shared/out --scheduler tcp://head:8786
     """
-    from pathlib import Path
-
     from . import batch as B
     from . import io
     from .backends import get_backend
 
     params = _params_from(kw)
+    if workers and scheduler != "local":
+        raise click.UsageError("--workers goes with --scheduler local (a remote cluster has its own workers)")
     if scheduler:
         from . import cluster
         cluster._require_dask()
@@ -381,32 +350,9 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, threads
             raise click.UsageError("--pairs replaces LEFT_DIR and RIGHT_DIR; give only one of them")
         raise click.UsageError("give one folder of side-by-side frames with --sbs" if sbs
                                else "give LEFT_DIR and RIGHT_DIR (or --pairs FILE)")
-    out = out_dir
     stream = pairs_file == "-" and not scheduler  # match each line's pair as soon as it arrives
-    if stream:
-        pairs = B.checked_stream(B.iter_pairs_lines(sys.stdin, out, ext, sbs, "--pairs (stdin)"))
-    elif pairs_file:
-        if pairs_file == "-":
-            text, source = sys.stdin.read(), "--pairs (stdin)"
-        else:
-            try:
-                text, source = Path(pairs_file).read_text(), f"--pairs {pairs_file}"
-            except OSError as e:
-                raise StereoError(f"cannot read --pairs {pairs_file}: {e.strerror}") from None
-        pairs = B.read_pairs_file(text, out, ext, sbs, source)
-    else:
-        pairs = B.find_pairs(folders[0], None if sbs else folders[1], out, ext, left_glob, right_glob, sbs)
-    if gt_dir:
-        pairs = B.attach_ground_truth(pairs, gt_dir, gt_glob)
-    if not stream:
-        B.check_outputs(pairs)
-    if not io.is_url(out):
-        try:
-            Path(out).mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise StereoError(f"cannot create the output folder {out}: {e.strerror}") from None
-    if workers and scheduler != "local":
-        raise click.UsageError("--workers goes with --scheduler local (a remote cluster has its own workers)")
+    pairs = B.collect_pairs(folders, out_dir, ext, pairs_file=pairs_file, sbs=sbs, left_glob=left_glob,
+                            right_glob=right_glob, gt_dir=gt_dir, gt_glob=gt_glob, stream=stream)
     show_bar = not stream and (progress if progress is not None else sys.stderr.isatty())
     warn = (lambda m: click.echo(f"stereo: {m}", err=True)) if show_bar else None
     if scheduler:

@@ -93,7 +93,6 @@ def run(pairs, params, device: str, ext: str, scheduler: str, *, workers: int | 
     from distributed import Client
 
     summary = summary if summary is not None else batch.Summary()
-    on_event = on_event or (lambda ev: None)
     start = time.perf_counter()
     cluster = None
     try:
@@ -143,8 +142,7 @@ def _run_with_client(client, pairs, params, device, ext, skip_existing, max_disp
         attempts[f.key] = (p, attempt, f)
         return f
 
-    def report(ev, counts=None):
-        on_event(summary.record(ev, counts))
+    report = summary.reporter(on_event)
 
     ac = as_completed()
     for p in (next(todo, None) for _ in range(window)):
