@@ -1,6 +1,6 @@
-"""Every CPU benchmark runs (on a tiny input, --quick) and prints JSON lines: a broken
-benchmark fails the build instead of waiting for the next person who measures. The GPU
-ones (gpu.py, profile_kernels.py) need a real GPU and run on the device machine."""
+"""Every benchmark runs (on a tiny input: --quick; gpu.py under Numba's CUDA simulator)
+and prints JSON lines: a broken benchmark fails the build instead of waiting for the
+next person who measures. profile_kernels.py is gpu.py's kernel_times under a profiler."""
 import json
 import os
 import subprocess
@@ -20,9 +20,12 @@ pytestmark = pytest.mark.skipif(not SHARED_DATA.exists(), reason="the benchmarks
     ("cluster.py", ["--quick"]),
     ("large_pair.py", ["--quick"]),
     ("startup.py", ["--quick"]),
+    ("gpu.py", ["--sim-check"]),  # under Numba's CUDA simulator
 ])
 def test_benchmark_runs_and_prints_json_lines(script, args):
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    if script == "gpu.py":
+        env["NUMBA_ENABLE_CUDASIM"] = "1"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], capture_output=True, text=True,
                        env={**env, "STEREOCLI_DATA": str(SHARED_DATA)}, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
