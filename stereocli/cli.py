@@ -218,7 +218,11 @@ def presets(name):
               help="Image whose non-zero pixels are evaluated (e.g. Middlebury non-occluded masks).")
 @click.option("--max-disparity", type=float, help="Ignore ground truth above this disparity.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per map (and the total) on stdout.")
-def eval_cmd(estimate, ground_truth, mask, max_disparity, as_json):
+@click.option("--error-map", type=click.Path(),
+              help="Write KITTI-style error pictures: a .png file for two files, a folder (NAME.png each) for "
+                   "two folders. Blue to red = error below to far above D1's 3 px / 5 %; magenta = no "
+                   "estimate; black = no ground truth.")
+def eval_cmd(estimate, ground_truth, mask, max_disparity, as_json, error_map):
     """Compare disparity maps with ground truth (Middlebury/KITTI metrics).
 
     ESTIMATE and GROUND_TRUTH are two files, or two folders whose files pair by name
@@ -232,7 +236,8 @@ def eval_cmd(estimate, ground_truth, mask, max_disparity, as_json):
     \b
     Examples:
       stereo eval disp.pfm sample_data/disp.pfm
-      stereo eval results/ gt/ --json
+      stereo eval disp.pfm sample_data/disp.pfm --error-map errors.png
+      stereo eval results/ gt/ --json --error-map error_maps/
     """
     from pathlib import Path
 
@@ -248,6 +253,11 @@ def eval_cmd(estimate, ground_truth, mask, max_disparity, as_json):
             raise StereoError(f"no file of {est_p} has a ground-truth file of the same name in {gt_p}")
     else:
         pairs = [(est_p, gt_p)]
+    if error_map:
+        if est_p.is_dir():
+            Path(error_map).mkdir(parents=True, exist_ok=True)
+        else:
+            io.check_preview_path(error_map)
     mask_img = io.read_image(mask) != 0 if mask else None
     if mask_img is not None and mask_img.ndim == 3:
         mask_img = mask_img.any(axis=2)
@@ -258,6 +268,9 @@ def eval_cmd(estimate, ground_truth, mask, max_disparity, as_json):
             raise StereoError(f"--mask is {mask_img.shape[1]}x{mask_img.shape[0]} but {g} is "
                               f"{gt.shape[1]}x{gt.shape[0]}")
         c = metrics.counts(est, gt, mask=mask_img, max_disparity=max_disparity)
+        if error_map:
+            target = Path(error_map) / f"{e.stem}.png" if est_p.is_dir() else Path(error_map)
+            io.write_image(target, metrics.error_image(est, gt))
         total = metrics.add(total, c)
         _print_metrics(str(e), metrics.summarize(c), as_json)
     if len(pairs) > 1:

@@ -382,7 +382,7 @@ def _check_folder(p: Path) -> None:
 def check_preview_path(path: str | os.PathLike) -> Path:
     p = Path(path)
     if p.suffix.lower() not in (".png", ".jpg", ".jpeg"):
-        raise StereoError(f"{p}: a preview must be .png or .jpg")
+        raise StereoError(f"{p}: a picture must be .png or .jpg")
     _check_folder(p)
     return p
 
@@ -396,6 +396,13 @@ def check_ply_path(path: str | os.PathLike) -> Path:
 
 
 def write_preview(path: str | os.PathLike, disp: np.ndarray, lo=None, hi=None) -> None:
+    write_image(path, colorize(disp, lo, hi))
+
+
+def write_image(path: str | os.PathLike, img: np.ndarray) -> None:
+    """A picture (.png or .jpg, BGR uint8) written whole or not at all."""
     p = check_preview_path(path)
-    ok, enc = cv2.imencode(p.suffix.lower(), colorize(disp, lo, hi))
+    ok, enc = cv2.imencode(p.suffix.lower(), img)
+    if not ok:
+        raise StereoError(f"OpenCV could not encode {p}")
     write_file(p, enc.tobytes())

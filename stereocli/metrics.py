@@ -66,3 +66,33 @@ def rounded(m: dict) -> dict:
 def evaluate(est: np.ndarray, gt: np.ndarray, mask: np.ndarray | None = None,
              max_disparity: float | None = None) -> dict:
     return summarize(counts(est, gt, mask, max_disparity))
+
+
+# KITTI's error colours (devkit's disp_error_image): bins of the error relative to the
+# D1 thresholds (3 px and 5 %), log-spaced, blue (far below) to red (far above); BGR.
+ERROR_BINS = (0.0625, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+ERROR_COLOURS_BGR = np.array([(149, 54, 49), (180, 117, 69), (209, 173, 116), (233, 217, 171), (248, 243, 224),
+                              (144, 224, 254), (97, 174, 253), (67, 109, 244), (39, 48, 215), (38, 0, 165)],
+                             np.uint8)
+MISSING_BGR = (255, 0, 255)  # ground truth known, no estimate: counted as bad, shown in magenta
+
+
+def error_image(est: np.ndarray, gt: np.ndarray) -> np.ndarray:
+    """KITTI-style error picture (HxWx3 uint8 BGR): where the ground truth is known, the
+    colour of min(|err| / 3, |err| / |gt| / 0.05) (below 1: within D1, blue; above:
+    orange to red), magenta where the estimate is missing; black where no ground truth."""
+    est = np.asarray(est, np.float64)
+    gt = np.asarray(gt, np.float64)
+    if est.shape != gt.shape:
+        from .errors import StereoError
+        raise StereoError(f"estimate is {est.shape[1]}x{est.shape[0]} but ground truth is "
+                          f"{gt.shape[1]}x{gt.shape[0]}")
+    known = np.isfinite(gt)
+    have = known & np.isfinite(est)
+    err = np.abs(np.where(have, est, 0.0) - np.where(known, gt, 0.0))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.minimum(err / 3.0, np.where(gt != 0, err / np.abs(np.where(known, gt, 1.0)) / 0.05, np.inf))
+    out = np.zeros(est.shape + (3,), np.uint8)
+    out[have] = ERROR_COLOURS_BGR[np.searchsorted(ERROR_BINS, rel[have], side="right")]
+    out[known & ~have] = MISSING_BGR
+    return out

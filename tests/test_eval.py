@@ -1,6 +1,7 @@
 """Metrics against hand-computed values, and `stereo eval` from the command line."""
 import json
 
+import cv2
 import numpy as np
 import pytest
 
@@ -66,3 +67,24 @@ def test_folder_total_is_over_all_pixels_of_all_maps():
     # and not the mean of the two maps' fractions (the maps have different numbers of pixels)
     per_map = [metrics.evaluate(e, g)["bad2"] for e, g in maps]
     assert got["bad2"] != pytest.approx(sum(per_map) / 2, rel=1e-6)
+
+
+def test_error_map_colours_by_kitti_bins(tmp_path):
+    gt = np.full((4, 5), 40.0, np.float32)
+    gt[0, 0] = np.nan  # no ground truth: black
+    est = gt.copy()
+    est[1, 1] = np.nan  # missing estimate: magenta
+    est[2, 2] = 40.0 + 100.0  # far off: the last (red) bin
+    est[3, 3] = 40.0 + 2.0  # 2 px on 40: 2/3 of the 3 px threshold, below D1
+    io.write_disparity(tmp_path / "gt.pfm", gt)
+    io.write_disparity(tmp_path / "est.pfm", est)
+    r = stereo("eval", tmp_path / "est.pfm", tmp_path / "gt.pfm", "--error-map", tmp_path / "err.png")
+    assert r.returncode == 0, r.stderr
+    img = cv2.imread(str(tmp_path / "err.png"))
+    assert img.shape == (4, 5, 3)
+    assert tuple(img[0, 0]) == (0, 0, 0)
+    assert tuple(img[1, 1]) == metrics.MISSING_BGR
+    assert tuple(img[2, 2]) == tuple(metrics.ERROR_COLOURS_BGR[-1])
+    assert tuple(img[4 - 1, 0]) == tuple(metrics.ERROR_COLOURS_BGR[0])  # exact
+    within = [tuple(c) for c in metrics.ERROR_COLOURS_BGR[:5]]
+    assert tuple(img[3, 3]) in within and tuple(img[3, 3]) != tuple(metrics.ERROR_COLOURS_BGR[0])
