@@ -45,6 +45,25 @@ class Pair:
     key: str = ""
     gt: Path | None = None
     error: str | None = None  # known bad before any work (no partner, bad line)
+    time_file: str | None = None  # also write the seconds the match took here (Middlebury submissions)
+
+
+SUBMISSIONS = ("kitti", "middlebury")
+
+
+def as_submission(pairs, kind: str, out_dir, method: str = "stereocli"):
+    """Re-aim each pair's output at the layout a benchmark's devkit reads, under out_dir:
+    KITTI 2012/2015 `disp_0/NAME.png` (16-bit, d * 256, 0 = invalid); Middlebury 2014
+    `NAME/disp0METHOD.pfm` with `NAME/timeMETHOD.txt` (seconds for the pair). NAME is
+    the pair's output name (the scene folder with --left-glob '*/im0.png')."""
+    for p in pairs:
+        name = PurePosixPath(p.output).stem
+        if kind == "kitti":
+            p.output = io.join(out_dir, f"disp_0/{name}.png")
+        else:
+            p.output = io.join(out_dir, f"{name}/disp0{method}.pfm")
+            p.time_file = io.join(out_dir, f"{name}/time{method}.txt")
+        yield p
 
 
 @dataclass
@@ -300,7 +319,7 @@ def _folder(path, what) -> Path:
 
 
 def collect_pairs(folders, out_dir, ext: str, *, pairs_file=None, sbs=False, left_glob=None, right_glob=None,
-                  gt_dir=None, gt_glob=None, stream=False):
+                  gt_dir=None, gt_glob=None, stream=False, submission=None, method="stereocli"):
     """The pairs of a batch, from folders (LEFT_DIR RIGHT_DIR, or one folder of
     side-by-side frames) or a --pairs file ('-': standard input, read lazily with
     `stream`), with their ground truth; checked (outputs distinct, no input
@@ -320,6 +339,9 @@ def collect_pairs(folders, out_dir, ext: str, *, pairs_file=None, sbs=False, lef
         pairs = find_pairs(folders[0], None if sbs else folders[1], out_dir, ext, left_glob, right_glob, sbs)
     if gt_dir:
         pairs = attach_ground_truth(pairs, gt_dir, gt_glob)
+    if submission:
+        pairs = as_submission(pairs, submission, out_dir, method)
+        pairs = pairs if stream else list(pairs)
     if not stream:
         check_outputs(pairs)
     if not io.is_url(out_dir):
@@ -343,10 +365,13 @@ def load_pair(pair: Pair):
     return left, right, (time.perf_counter() - t) * 1e3
 
 
-def save_result(pair: Pair, disp, ext: str, max_disparity=None):
-    """Encode and write one map (in a writer thread), evaluate it if it has ground truth."""
+def save_result(pair: Pair, disp, ext: str, max_disparity=None, seconds: float = 0.0):
+    """Encode and write one map (in a writer thread), evaluate it if it has ground truth;
+    `seconds` (the match's time) goes to the pair's time file if it has one."""
     t = time.perf_counter()
     io.write_file(pair.output, io.encode_disparity(disp, ext))
+    if pair.time_file:
+        io.write_file(pair.time_file, f"{seconds:.4f}\n".encode())
     write_ms = (time.perf_counter() - t) * 1e3
     counts = None
     if pair.gt is not None:
@@ -367,7 +392,7 @@ def match_one(pair: Pair, params, backend, ext: str, skip_existing: bool = False
         left, right, read_ms = load_pair(pair)
         with compute_lock or contextlib.nullcontext():
             result = pipeline.run(left, right, params, backend)
-        write_ms, counts = save_result(pair, result.disparity, ext, max_disparity)
+        write_ms, counts = save_result(pair, result.disparity, ext, max_disparity, result.total_ms / 1e3)
     except Exception as e:  # one bad pair must not stop the batch
         raise_interrupt(e)
         return failed_event(pair, error_text(e)), None
@@ -464,7 +489,8 @@ def run(pairs, params, backend, ext: str, *, threads: int = 4, skip_existing: bo
                 report(failed_event(p, error_text(e)))
                 continue
             ev = ok_event(p, result, read_ms)
-            writes.append((p, writers.submit(save_result, p, result.disparity, ext, max_disparity), ev))
+            writes.append((p, writers.submit(save_result, p, result.disparity, ext, max_disparity,
+                                             result.total_ms / 1e3), ev))
             finish(block=False)
         finish(block=True)
     except KeyboardInterrupt:

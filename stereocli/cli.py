@@ -302,6 +302,11 @@ def _print_metrics(name, m, as_json, err=False):
 @click.option("--sbs", is_flag=True, help="Inputs are side-by-side frames (left half | right half); one folder.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="png", show_default=True,
               help="Output format.")
+@click.option("--submission", type=click.Choice(["kitti", "middlebury"]),
+              help="Write the layout a benchmark's devkit reads: KITTI disp_0/NAME.png (16-bit), or Middlebury "
+                   "2014 NAME/disp0METHOD.pfm with NAME/timeMETHOD.txt (seconds per pair).")
+@click.option("--method-name", default="stereocli", show_default=True,
+              help="METHOD in Middlebury submission file names (letters and digits).")
 @_stage_options
 @click.option("--threads", type=click.IntRange(1, 64), default=4, show_default=True,
               help="Reader and writer threads (decoding/encoding overlap the matching); with --scheduler "
@@ -321,8 +326,8 @@ def _print_metrics(name, m, as_json, err=False):
 @click.option("--workers", type=click.IntRange(1, 1024),
               help="With --scheduler local: worker processes [one per GPU with CUDA, else 2]; more than the "
                    "GPUs puts several on each GPU.")
-def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, threads, skip_existing, gt_dir,
-          gt_glob, max_disparity, jsonl, progress, scheduler, workers, **kw):
+def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, submission, method_name, threads,
+          skip_existing, gt_dir, gt_glob, max_disparity, jsonl, progress, scheduler, workers, **kw):
     """Match every pair of two folders (or of a list) and write one map per pair.
 
     Files pair by name: LEFT_DIR/x.png with RIGHT_DIR/x.png. With --left-glob and
@@ -337,6 +342,9 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, threads
       stereo batch kitti/training/image_2 kitti/training/image_3 -o out/ -n 128 \\
           --left-glob '*_10.png' --gt-dir kitti/training/disp_noc_0
       stereo batch mb/ mb/ -o out/ --left-glob '*/im0.png' --right-glob '*/im1.png' --format pfm
+      stereo batch testing/image_2 testing/image_3 -o sub/ -n 192 --left-glob '*_10.png' --submission kitti
+      stereo batch MiddEval3/testF MiddEval3/testF -o sub/ --left-glob '*/im0.png' --right-glob '*/im1.png' \\
+          --submission middlebury --method-name mine
       stereo batch frames/ --sbs -o disp/ --skip-existing
       find . -name 'l_*.png' | sed 's/\\(.*\\)l_\\(.*\\)/&\\t\\1r_\\2/' | stereo batch --pairs - -o out/
       producer | stereo batch --pairs - -o out/ --jsonl | consumer   # one process serves a stream
@@ -354,6 +362,10 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, threads
     if scheduler:
         from . import cluster
         cluster._require_dask()
+    if submission:
+        if not method_name.isalnum():
+            raise StereoError(f"--method-name must be letters and digits, not {method_name!r}")
+        fmt = "png" if submission == "kitti" else "pfm"
     ext = "." + fmt
     if ext == ".png":
         io.check_png_range(params.min_disparity, params.max_disparity)
@@ -365,7 +377,8 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, threads
                                else "give LEFT_DIR and RIGHT_DIR (or --pairs FILE)")
     stream = pairs_file == "-" and not scheduler  # match each line's pair as soon as it arrives
     pairs = B.collect_pairs(folders, out_dir, ext, pairs_file=pairs_file, sbs=sbs, left_glob=left_glob,
-                            right_glob=right_glob, gt_dir=gt_dir, gt_glob=gt_glob, stream=stream)
+                            right_glob=right_glob, gt_dir=gt_dir, gt_glob=gt_glob, stream=stream,
+                            submission=submission, method=method_name)
     show_bar = not stream and (progress if progress is not None else sys.stderr.isatty())
     warn = (lambda m: click.echo(f"stereo: {m}", err=True)) if show_bar else None
     if scheduler:

@@ -279,3 +279,27 @@ def test_ctrl_c_inside_compiled_code_stops_the_batch():
         with pytest.raises(KeyboardInterrupt):
             B.raise_interrupt(e)
     B.raise_interrupt(ValueError("a bad pair"))  # other errors stay per-pair failures
+
+
+def test_submissions_write_the_layouts_the_devkits_read(tmp_path, crops):
+    kitti_tree(tmp_path / "kitti", crops)
+    r = stereo("batch", tmp_path / "kitti/image_2", tmp_path / "kitti/image_3", "-o", tmp_path / "sub",
+               "--left-glob", "*_10.png", "--submission", "kitti", *N)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (tmp_path / "sub/disp_0").iterdir()) == [f"00000{i}_10.png" for i in range(3)]
+    raw = cv2.imread(str(tmp_path / "sub/disp_0/000000_10.png"), cv2.IMREAD_UNCHANGED)
+    assert raw.dtype == np.uint16  # d * 256, 0 = invalid
+    assert same_map(io.read_disparity(tmp_path / "sub/disp_0/000000_10.png"), expected(*crops[0]), PNG_TOL)
+
+    for i, (l_img, r_img) in enumerate(crops[:2]):  # Middlebury: one folder per scene
+        (tmp_path / f"mb/scene{i}").mkdir(parents=True)
+        cv2.imwrite(str(tmp_path / f"mb/scene{i}/im0.png"), l_img)
+        cv2.imwrite(str(tmp_path / f"mb/scene{i}/im1.png"), r_img)
+    r = stereo("batch", tmp_path / "mb", tmp_path / "mb", "-o", tmp_path / "mbsub", "--left-glob", "*/im0.png",
+               "--right-glob", "*/im1.png", "--submission", "middlebury", "--method-name", "Mine", *N)
+    assert r.returncode == 0, r.stderr
+    for i in range(2):
+        scene = tmp_path / f"mbsub/scene{i}"
+        assert sorted(p.name for p in scene.iterdir()) == ["disp0Mine.pfm", "timeMine.txt"]
+        assert same_map(io.read_disparity(scene / "disp0Mine.pfm"), expected(*crops[i]))
+        assert 0 < float((scene / "timeMine.txt").read_text()) < 60
