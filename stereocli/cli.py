@@ -14,11 +14,28 @@ from .errors import StereoError
 EXIT_USAGE = 2
 
 
-def _stage_options(f):
-    """Options shared by every command that runs the matcher (match, and batch later)."""
+class _IntOrAuto(click.ParamType):
+    name = "N|auto"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) or value == "auto":
+            return value
+        try:
+            return int(value)
+        except ValueError:
+            self.fail(f"{value!r} is not a whole number or 'auto'", param, ctx)
+
+
+def _stage_options(f, auto=False):
+    """Options shared by every command that runs the matcher (match, batch); with `auto`,
+    -n and --min-disparity also take 'auto' (estimated from the images)."""
+    n_type = _IntOrAuto() if auto else int
     opts = [
-        click.option("-n", "--num-disparities", type=int, help="Number of disparities searched [preset: 64]."),
-        click.option("--min-disparity", type=int, help="Smallest disparity, may be negative [0]."),
+        click.option("-n", "--num-disparities", type=n_type,
+                     help="Number of disparities searched" + (", or auto (from feature matches)" if auto else "")
+                          + " [preset: 64]."),
+        click.option("--min-disparity", type=n_type,
+                     help="Smallest disparity, may be negative" + (", or auto" if auto else "") + " [0]."),
         click.option("--preset", default="default", show_default=True,
                      help="Preset from configs/ (see 'stereo presets')."),
         click.option("--config", "config_file", type=click.Path(dir_okay=False),
@@ -110,7 +127,7 @@ def _geometry_options(f):
                    ".tif/.tiff; '-' = standard output (needs --format).")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), help="Output format (needed with -o -).")
 @click.option("--sbs", is_flag=True, help="LEFT is one side-by-side frame (left half | right half); no RIGHT.")
-@_stage_options
+@(lambda f: _stage_options(f, auto=True))
 @click.option("--preview", type=click.Path(dir_okay=False), help="Also write a colour picture (.png); invalid = black.")
 @_geometry_options
 @click.option("--timings", is_flag=True, help="Print a per-stage time table (ms) on stderr.")
@@ -133,6 +150,7 @@ def match(left, right, output, fmt, sbs, preview, depth_out, ply_out, focal, bas
       stereo match l.png r.png -o disp.png -n 128 --paths 4 --timings
       stereo match l.png r.png -o disp.npy --cost zncc --window 7 --aggregation none
       stereo match l.png r.png -o disp.tif --min-disparity -16 -n 64 --json
+      stereo match l.png r.png -o disp.pfm -n auto --min-disparity auto   # range from feature matches
       stereo match frame.png --sbs -o disp.png               # side-by-side camera frame
       cat l.png | stereo match - r.png -o - --format png > disp.png
       stereo match im0.png im1.png -o d.pfm -n 256 --calib calib.txt --depth z.pfm --ply cloud.ply
@@ -141,7 +159,8 @@ def match(left, right, output, fmt, sbs, preview, depth_out, ply_out, focal, bas
     from .backends import get_backend
     from .outputs import MatchOutputs
 
-    params = _params_from(kw)
+    auto = {k for k in ("num_disparities", "min_disparity") if kw.get(k) == "auto"}
+    params = _params_from({k: (None if k in auto else v) for k, v in kw.items()})
     if sbs and right is not None:
         raise click.UsageError("--sbs takes one side-by-side image; give LEFT only")
     if not sbs and right is None:
@@ -149,13 +168,19 @@ def match(left, right, output, fmt, sbs, preview, depth_out, ply_out, focal, bas
     if left == "-" and right == "-":
         raise StereoError("only one of LEFT and RIGHT can be '-' (standard input); "
                           "use --sbs to pipe one side-by-side frame")
-    outputs = MatchOutputs.plan(output, fmt, params, preview=preview, depth=depth_out, ply=ply_out,
-                                camera=geometry.camera(focal, baseline, doffs, calib), json_on_stdout=as_json)
+    camera = geometry.camera(focal, baseline, doffs, calib)
+    if not auto:  # (with -n auto the range, and so what a PNG can hold, is known once the images are read)
+        MatchOutputs.plan(output, fmt, params, preview=preview, depth=depth_out, ply=ply_out, camera=camera,
+                          json_on_stdout=as_json)
     left_img = io.read_image(left)
     if sbs:
         left_img, right_img = io.split_side_by_side(left_img, "standard input" if left == "-" else left)
     else:
         right_img = io.read_image(right)
+    if auto:
+        params = _auto_range(params, auto, left_img, right_img)
+    outputs = MatchOutputs.plan(output, fmt, params, preview=preview, depth=depth_out, ply=ply_out,
+                                camera=camera, json_on_stdout=as_json)
     warn = (lambda m: click.echo(f"stereo: {m}", err=True)) if timings else None
     backend = get_backend(kw["device"], warn=warn)
     _say_if_compiling()
@@ -175,6 +200,24 @@ def match(left, right, output, fmt, sbs, preview, depth_out, ply_out, focal, bas
             "timings_ms": {k: round(v, 3) for k, v in result.timings.items()},
             "total_ms": round(result.total_ms, 3), "params": params.as_dict(),
         }))
+
+
+def _auto_range(params, auto, left_img, right_img):
+    """params with the disparity range (the parts asked for as 'auto') estimated from the images."""
+    import dataclasses
+
+    from . import autorange
+    lo, num, why = autorange.estimate(left_img, right_img)
+    if "min_disparity" not in auto:  # -n auto from a given smallest disparity: up to the estimate's top
+        num, lo = max(1, lo + num - params.min_disparity), params.min_disparity
+        num += -num % 4
+    changes = {"min_disparity": lo}
+    if "num_disparities" in auto:
+        changes["num_disparities"] = num
+    params = dataclasses.replace(params, **changes).validate()
+    click.echo(f"stereo: auto range {params.min_disparity}..{params.max_disparity} "
+               f"({params.num_disparities} disparities): {why}", err=True)
+    return params
 
 
 def _say_if_compiling():
