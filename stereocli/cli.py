@@ -94,6 +94,7 @@ def cli():
       stereo match left.png right.png -o disp.png --preset fast --preview disp_color.png
       stereo batch left/ right/ -o disp/ -n 128 --gt-dir gt/
       stereo eval disp.pfm gt.pfm
+      stereo rectify raw_l.png raw_r.png --calib stereo.yml -o left.png right.png
       stereo presets default
       stereo info
     """
@@ -112,7 +113,8 @@ def _geometry_options(f):
         click.option("--baseline", type=float, help="Baseline; depth comes out in its unit (e.g. mm)."),
         click.option("--doffs", type=float, help="Principal point offset cx_right - cx_left, px [0]."),
         click.option("--calib", type=click.Path(dir_okay=False),
-                     help="Middlebury calib.txt giving focal, cx/cy, doffs and baseline."),
+                     help="Middlebury calib.txt giving focal, cx/cy, doffs and baseline; with --rectify, the "
+                          "stereo calibration."),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -130,13 +132,17 @@ def _geometry_options(f):
 @(lambda f: _stage_options(f, auto=True))
 @click.option("--preview", type=click.Path(dir_okay=False), help="Also write a colour picture (.png); invalid = black.")
 @_geometry_options
+@click.option("--rectify", "rectify_with", is_flag=True,
+              help="LEFT and RIGHT are raw camera images: rectify them first with the stereo calibration in "
+                   "--calib (OpenCV YAML/XML, KITTI calib_cam_to_cam.txt); depth and clouds then use the "
+                   "rectified camera.")
 @click.option("--timings", is_flag=True, help="Print a per-stage time table (ms) on stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (sizes, range, device, ms) on stdout.")
 @click.option("--no-worker", is_flag=True,
               help="Run in this process, not in the background worker that keeps the kernels loaded between "
                    "commands (also: STEREOCLI_NO_WORKER=1).")
 def match(left, right, output, fmt, sbs, preview, depth_out, ply_out, focal, baseline, doffs, calib,
-          timings, as_json, **kw):
+          rectify_with, timings, as_json, **kw):
     """Compute the disparity map of one rectified pair.
 
     LEFT is the reference image: pixel (x, y) of LEFT matches (x - d, y) of RIGHT.
@@ -168,8 +174,16 @@ def match(left, right, output, fmt, sbs, preview, depth_out, ply_out, focal, bas
     if left == "-" and right == "-":
         raise StereoError("only one of LEFT and RIGHT can be '-' (standard input); "
                           "use --sbs to pipe one side-by-side frame")
-    camera = geometry.camera(focal, baseline, doffs, calib)
-    if not auto:  # (with -n auto the range, and so what a PNG can hold, is known once the images are read)
+    if rectify_with:
+        from . import rectify
+        if not calib:
+            raise StereoError("--rectify needs the stereo calibration: --calib FILE (OpenCV YAML/XML or KITTI "
+                              "calib_cam_to_cam.txt)")
+        stereo_calib = rectify.read_stereo_calibration(calib)
+        camera = geometry.camera(focal, baseline, doffs) if (focal or baseline) else None
+    else:
+        camera = geometry.camera(focal, baseline, doffs, calib)
+    if not auto and not (rectify_with and camera is None):  # (with -n auto the range, and so what a PNG can hold, is known once the images are read)
         MatchOutputs.plan(output, fmt, params, preview=preview, depth=depth_out, ply=ply_out, camera=camera,
                           json_on_stdout=as_json)
     left_img = io.read_image(left)
@@ -177,6 +191,9 @@ def match(left, right, output, fmt, sbs, preview, depth_out, ply_out, focal, bas
         left_img, right_img = io.split_side_by_side(left_img, "standard input" if left == "-" else left)
     else:
         right_img = io.read_image(right)
+    if rectify_with:
+        left_img, right_img, rect_camera = rectify.rectify(left_img, right_img, stereo_calib)
+        camera = camera or rect_camera
     if auto:
         params = _auto_range(params, auto, left_img, right_img)
     outputs = MatchOutputs.plan(output, fmt, params, preview=preview, depth=depth_out, ply=ply_out,
@@ -252,6 +269,36 @@ def presets(name):
         return
     for n in config.preset_names():
         click.echo(f"{n:<12}{config.preset_description(n)}")
+
+
+@cli.command("rectify")
+@click.argument("left")
+@click.argument("right")
+@click.option("--calib", required=True, type=click.Path(dir_okay=False),
+              help="Stereo calibration: OpenCV YAML/XML (K1, D1, K2, D2, R, T from stereoCalibrate), KITTI "
+                   "calib_cam_to_cam.txt (cameras 2 and 3) or Middlebury calib.txt.")
+@click.option("-o", "--output", nargs=2, required=True, metavar="LEFT_OUT RIGHT_OUT",
+              help="The two rectified images (.png, .tif, .jpg, ...).")
+def rectify_cmd(left, right, calib, output):
+    """Rectify a raw stereo pair: undistort both images and turn them so that matching
+    points lie on the same row, with a common principal point. Prints the rectified
+    camera (focal length in pixels, baseline) for depth.
+
+    \b
+    Examples:
+      stereo rectify raw_l.png raw_r.png --calib stereo.yml -o left.png right.png
+      stereo rectify image_02/0000.png image_03/0000.png --calib calib_cam_to_cam.txt -o l.png r.png
+      stereo match raw_l.png raw_r.png --rectify --calib stereo.yml -o disp.pfm -n 128 --depth z.pfm
+    """
+    from . import io, rectify
+    outs = [io.check_image_path(o) for o in output]
+    stereo_calib = rectify.read_stereo_calibration(calib)
+    left_r, right_r, cam = rectify.rectify(io.read_image(left), io.read_image(right), stereo_calib)
+    for path, img in zip(outs, (left_r, right_r)):
+        io.write_image(path, img)
+    click.echo(f"stereo: rectified camera: focal {cam.focal:.3f} px, baseline {cam.baseline:.6g}, principal "
+               f"point ({cam.cx:.2f}, {cam.cy:.2f}); depth = focal * baseline / disparity "
+               f"(stereo match ... --focal {cam.focal:.3f} --baseline {cam.baseline:.6g})", err=True)
 
 
 @cli.command("eval")

@@ -399,9 +399,22 @@ def write_preview(path: str | os.PathLike, disp: np.ndarray, lo=None, hi=None) -
     write_image(path, colorize(disp, lo, hi))
 
 
+IMAGE_FORMATS = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".pgm", ".ppm")
+
+
+def check_image_path(path: str | os.PathLike) -> Path:
+    """An image output (any format OpenCV writes losslessly or as JPEG) whose folder exists."""
+    p = Path(path)
+    if p.suffix.lower() not in IMAGE_FORMATS:
+        raise StereoError(f"{p}: cannot write an image as {p.suffix or 'a file without extension'!r}; "
+                          f"use one of {', '.join(IMAGE_FORMATS)}")
+    _check_folder(p)
+    return p
+
+
 def write_image(path: str | os.PathLike, img: np.ndarray) -> None:
-    """A picture (.png or .jpg, BGR uint8) written whole or not at all."""
-    p = check_preview_path(path)
+    """An image (BGR or grey, as OpenCV writes it) written whole or not at all."""
+    p = check_image_path(path)
     ok, enc = cv2.imencode(p.suffix.lower(), img)
     if not ok:
         raise StereoError(f"OpenCV could not encode {p}")
