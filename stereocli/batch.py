@@ -46,6 +46,7 @@ class Pair:
     gt: Path | None = None
     error: str | None = None  # known bad before any work (no partner, bad line)
     time_file: str | None = None  # also write the seconds the match took here (Middlebury submissions)
+    extras: dict | None = None  # preview / depth / ply paths and the camera (see with_extras)
 
 
 SUBMISSIONS = ("kitti", "middlebury")
@@ -319,7 +320,7 @@ def _folder(path, what) -> Path:
 
 
 def collect_pairs(folders, out_dir, ext: str, *, pairs_file=None, sbs=False, left_glob=None, right_glob=None,
-                  gt_dir=None, gt_glob=None, stream=False, submission=None, method="stereocli"):
+                  gt_dir=None, gt_glob=None, stream=False, submission=None, method="stereocli", extras=None):
     """The pairs of a batch, from folders (LEFT_DIR RIGHT_DIR, or one folder of
     side-by-side frames) or a --pairs file ('-': standard input, read lazily with
     `stream`), with their ground truth; checked (outputs distinct, no input
@@ -342,6 +343,15 @@ def collect_pairs(folders, out_dir, ext: str, *, pairs_file=None, sbs=False, lef
     if submission:
         pairs = as_submission(pairs, submission, out_dir, method)
         pairs = pairs if stream else list(pairs)
+    if extras:
+        pairs = with_extras(pairs, **extras)
+        pairs = pairs if stream else list(pairs)
+        for folder in (extras.get("preview_dir"), extras.get("depth_dir"), extras.get("ply_dir")):
+            if folder and not io.is_url(folder):
+                try:
+                    Path(folder).mkdir(parents=True, exist_ok=True)
+                except OSError as e:
+                    raise StereoError(f"cannot create the folder {folder}: {e.strerror}") from None
     if not stream:
         check_outputs(pairs)
     if not io.is_url(out_dir):
@@ -365,18 +375,52 @@ def load_pair(pair: Pair):
     return left, right, (time.perf_counter() - t) * 1e3
 
 
-def save_result(pair: Pair, disp, ext: str, max_disparity=None, seconds: float = 0.0):
+def save_result(pair: Pair, disp, ext: str, max_disparity=None, seconds: float = 0.0, left=None):
     """Encode and write one map (in a writer thread), evaluate it if it has ground truth;
-    `seconds` (the match's time) goes to the pair's time file if it has one."""
+    `seconds` (the match's time) goes to the pair's time file if it has one, and the
+    pair's extras (preview, depth, point cloud of the `left` image) are written too."""
     t = time.perf_counter()
     io.write_file(pair.output, io.encode_disparity(disp, ext))
     if pair.time_file:
         io.write_file(pair.time_file, f"{seconds:.4f}\n".encode())
+    if pair.extras:
+        _write_extras(pair, disp, left)
     write_ms = (time.perf_counter() - t) * 1e3
     counts = None
     if pair.gt is not None:
         counts = metrics.counts(disp, io.read_disparity(pair.gt), max_disparity=max_disparity)
     return write_ms, counts
+
+
+def with_extras(pairs, *, preview_dir=None, depth_dir=None, ply_dir=None, camera=None, disparity_range=(0, 0)):
+    """Give each pair the extra files batch writes beside its map (NAME.png previews,
+    NAME.pfm depth, NAME.ply clouds in the given folders); `camera`: (focal, baseline,
+    doffs, calib) where calib may be a file name looked up in each left image's folder."""
+    for p in pairs:
+        name = PurePosixPath(p.output).stem
+        p.extras = {"range": disparity_range, "camera": camera,
+                    "preview": io.join(preview_dir, name + ".png") if preview_dir else None,
+                    "depth": io.join(depth_dir, name + ".pfm") if depth_dir else None,
+                    "ply": io.join(ply_dir, name + ".ply") if ply_dir else None}
+        yield p
+
+
+def _write_extras(pair: Pair, disp, left) -> None:
+    from . import geometry
+    x = pair.extras
+    if x["preview"]:
+        io.write_preview(x["preview"], disp, *x["range"])
+    if x["depth"] or x["ply"]:
+        focal, baseline, doffs, calib = x["camera"]
+        if calib and not os.path.isabs(calib) and not os.path.exists(calib):  # a name: beside the left image
+            calib = os.path.join(os.path.dirname(pair.left), calib)
+        cam = geometry.camera(focal, baseline, doffs, calib)
+        if cam is None:
+            raise StereoError("--depth-dir and --ply-dir need --focal and --baseline, or --calib")
+        if x["depth"]:
+            io.write_disparity(x["depth"], geometry.depth(disp, cam))
+        if x["ply"]:
+            io.write_file(x["ply"], geometry.encode_ply(geometry.point_cloud(disp, left, cam)))
 
 
 def match_one(pair: Pair, params, backend, ext: str, skip_existing: bool = False, max_disparity=None,
@@ -392,7 +436,7 @@ def match_one(pair: Pair, params, backend, ext: str, skip_existing: bool = False
         left, right, read_ms = load_pair(pair)
         with compute_lock or contextlib.nullcontext():
             result = pipeline.run(left, right, params, backend)
-        write_ms, counts = save_result(pair, result.disparity, ext, max_disparity, result.total_ms / 1e3)
+        write_ms, counts = save_result(pair, result.disparity, ext, max_disparity, result.total_ms / 1e3, left)
     except Exception as e:  # one bad pair must not stop the batch
         raise_interrupt(e)
         return failed_event(pair, error_text(e)), None
@@ -490,7 +534,7 @@ def run(pairs, params, backend, ext: str, *, threads: int = 4, skip_existing: bo
                 continue
             ev = ok_event(p, result, read_ms)
             writes.append((p, writers.submit(save_result, p, result.disparity, ext, max_disparity,
-                                             result.total_ms / 1e3), ev))
+                                             result.total_ms / 1e3, left), ev))
             finish(block=False)
         finish(block=True)
     except KeyboardInterrupt:

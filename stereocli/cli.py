@@ -397,6 +397,15 @@ def _print_metrics(name, m, as_json, err=False):
                    "2014 NAME/disp0METHOD.pfm with NAME/timeMETHOD.txt (seconds per pair).")
 @click.option("--method-name", default="stereocli", show_default=True,
               help="METHOD in Middlebury submission file names (letters and digits).")
+@click.option("--preview-dir", type=click.Path(file_okay=False), help="Also write colour previews, DIR/NAME.png.")
+@click.option("--depth-dir", type=click.Path(file_okay=False),
+              help="Also write depth maps f*B/(d+doffs), DIR/NAME.pfm (needs --focal/--baseline or --calib).")
+@click.option("--ply-dir", type=click.Path(file_okay=False), help="Also write coloured point clouds, DIR/NAME.ply.")
+@click.option("--focal", type=float, help="Focal length in pixels (for --depth-dir/--ply-dir).")
+@click.option("--baseline", type=float, help="Baseline; depth comes out in its unit.")
+@click.option("--doffs", type=float, help="Principal point offset cx_right - cx_left, px [0].")
+@click.option("--calib", help="Middlebury calib.txt for every pair; a bare name (e.g. calib.txt) is looked up "
+                              "in each left image's folder (one per scene).")
 @_stage_options
 @click.option("--threads", type=click.IntRange(1, 64), default=4, show_default=True,
               help="Reader and writer threads (decoding/encoding overlap the matching); with --scheduler "
@@ -416,8 +425,9 @@ def _print_metrics(name, m, as_json, err=False):
 @click.option("--workers", type=click.IntRange(1, 1024),
               help="With --scheduler local: worker processes [one per GPU with CUDA, else 2]; more than the "
                    "GPUs puts several on each GPU.")
-def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, submission, method_name, threads,
-          skip_existing, gt_dir, gt_glob, max_disparity, jsonl, progress, scheduler, workers, **kw):
+def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, submission, method_name, preview_dir,
+          depth_dir, ply_dir, focal, baseline, doffs, calib, threads, skip_existing, gt_dir, gt_glob, max_disparity,
+          jsonl, progress, scheduler, workers, **kw):
     """Match every pair of two folders (or of a list) and write one map per pair.
 
     Files pair by name: LEFT_DIR/x.png with RIGHT_DIR/x.png. With --left-glob and
@@ -436,6 +446,8 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, submiss
       stereo batch MiddEval3/testF MiddEval3/testF -o sub/ --left-glob '*/im0.png' --right-glob '*/im1.png' \\
           --submission middlebury --method-name mine
       stereo batch frames/ --sbs -o disp/ --skip-existing
+      stereo batch mb/ mb/ -o out/ --left-glob '*/im0.png' --right-glob '*/im1.png' --calib calib.txt \\
+          --depth-dir depth/ --ply-dir clouds/ --preview-dir previews/
       find . -name 'l_*.png' | sed 's/\\(.*\\)l_\\(.*\\)/&\\t\\1r_\\2/' | stereo batch --pairs - -o out/
       producer | stereo batch --pairs - -o out/ --jsonl | consumer   # one process serves a stream
       stereo batch left/ right/ -o disp/ --jsonl | jq -c 'select(.status != "ok")'
@@ -468,7 +480,8 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, submiss
     stream = pairs_file == "-" and not scheduler  # match each line's pair as soon as it arrives
     pairs = B.collect_pairs(folders, out_dir, ext, pairs_file=pairs_file, sbs=sbs, left_glob=left_glob,
                             right_glob=right_glob, gt_dir=gt_dir, gt_glob=gt_glob, stream=stream,
-                            submission=submission, method=method_name)
+                            submission=submission, method=method_name, extras=_batch_extras(
+                                preview_dir, depth_dir, ply_dir, focal, baseline, doffs, calib, params))
     show_bar = not stream and (progress if progress is not None else sys.stderr.isatty())
     warn = (lambda m: click.echo(f"stereo: {m}", err=True)) if show_bar else None
     if scheduler:
@@ -518,6 +531,17 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, submiss
     if code:
         return code
     return 1 if summary.failed else 0
+
+
+def _batch_extras(preview_dir, depth_dir, ply_dir, focal, baseline, doffs, calib, params):
+    """with_extras' arguments, or None when no extra file was asked for."""
+    if not (preview_dir or depth_dir or ply_dir):
+        return None
+    if (depth_dir or ply_dir) and not calib and not (focal and baseline):
+        raise StereoError("--depth-dir and --ply-dir need --focal and --baseline, or --calib")
+    return {"preview_dir": preview_dir, "depth_dir": depth_dir, "ply_dir": ply_dir,
+            "camera": (focal, baseline, doffs, calib),
+            "disparity_range": (params.min_disparity, params.max_disparity)}
 
 
 def _print_batch_summary(s, total, with_gt, no_gt, jsonl, device):

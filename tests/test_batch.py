@@ -303,3 +303,28 @@ def test_submissions_write_the_layouts_the_devkits_read(tmp_path, crops):
         assert sorted(p.name for p in scene.iterdir()) == ["disp0Mine.pfm", "timeMine.txt"]
         assert same_map(io.read_disparity(scene / "disp0Mine.pfm"), expected(*crops[i]))
         assert 0 < float((scene / "timeMine.txt").read_text()) < 60
+
+
+def test_batch_writes_previews_depth_and_clouds_with_a_calibration_per_scene(tmp_path, crops):
+    for i, (l_img, r_img) in enumerate(crops[:2]):
+        scene = tmp_path / f"mb/scene{i}"
+        scene.mkdir(parents=True)
+        cv2.imwrite(str(scene / "im0.png"), l_img)
+        cv2.imwrite(str(scene / "im1.png"), r_img)
+        f = 100.0 + 10 * i  # each scene its own camera
+        (scene / "calib.txt").write_text(f"cam0=[{f} 0 48; 0 {f} 32; 0 0 1]\ncam1=[{f} 0 48; 0 {f} 32; 0 0 1]\n"
+                                         f"doffs=0\nbaseline=50\n")
+    r = stereo("batch", tmp_path / "mb", tmp_path / "mb", "-o", tmp_path / "out", "--left-glob", "*/im0.png",
+               "--right-glob", "*/im1.png", "--format", "pfm", "--calib", "calib.txt", "--depth-dir",
+               tmp_path / "depth", "--ply-dir", tmp_path / "ply", "--preview-dir", tmp_path / "prev", *N)
+    assert r.returncode == 0, r.stderr
+    for i in range(2):
+        disp = io.read_disparity(tmp_path / f"out/scene{i}.pfm")
+        depth = io.read_disparity(tmp_path / f"depth/scene{i}.pfm")
+        ok = np.isfinite(disp) & (disp > 0)
+        np.testing.assert_allclose(depth[ok], (100.0 + 10 * i) * 50 / disp[ok], rtol=1e-5)
+        assert (tmp_path / f"ply/scene{i}.ply").read_bytes().startswith(b"ply\n")
+        assert cv2.imread(str(tmp_path / f"prev/scene{i}.png")).shape == crops[i][0].shape
+    r = stereo("batch", tmp_path / "mb", tmp_path / "mb", "-o", tmp_path / "out2", "--left-glob", "*/im0.png",
+               "--right-glob", "*/im1.png", "--depth-dir", tmp_path / "d2", *N)
+    assert r.returncode == 2 and "--focal" in r.stderr  # no camera: refused before any work
