@@ -97,7 +97,8 @@ def test_every_help_example_parses(command):
     from stereocli.cli import cli
     r = stereo(command, "--help")
     assert r.returncode == 0 and "Examples:" in r.stdout
-    text = re.sub(r"\\\n\s*", " ", r.stdout.split("Examples:")[1])  # join continued lines
+    examples = r.stdout.split("Examples:")[1].split("\nOptions:")[0]
+    text = re.sub(r"\\\n\s*", " ", examples)  # join continued lines
     calls = [seg.strip() for line in text.splitlines() for seg in line.split(" | ")
              if re.search(r"(^|\s)stereo \w", seg)]
     assert calls
