@@ -18,12 +18,7 @@ BAD_THRESHOLDS = (0.5, 1.0, 2.0, 4.0)
 def counts(est: np.ndarray, gt: np.ndarray, mask: np.ndarray | None = None,
            max_disparity: float | None = None) -> dict:
     """Integer and float sums behind the metrics of one map (add them to combine maps)."""
-    est = np.asarray(est, np.float64)
-    gt = np.asarray(gt, np.float64)
-    if est.shape != gt.shape:
-        from .errors import StereoError
-        raise StereoError(f"estimate is {est.shape[1]}x{est.shape[0]} but ground truth is "
-                          f"{gt.shape[1]}x{gt.shape[0]}")
+    est, gt = _same_size(est, gt)
     known = np.isfinite(gt)
     if max_disparity is not None:
         known &= gt <= max_disparity
@@ -37,6 +32,17 @@ def counts(est: np.ndarray, gt: np.ndarray, mask: np.ndarray | None = None,
     for t in BAD_THRESHOLDS:
         out[f"bad{t:g}"] = int((err > t).sum())
     return out
+
+
+def _same_size(est, gt):
+    """Both maps as float64, or a StereoError when their sizes differ."""
+    est = np.asarray(est, np.float64)
+    gt = np.asarray(gt, np.float64)
+    if est.shape != gt.shape:
+        from .errors import StereoError
+        raise StereoError(f"estimate is {est.shape[1]}x{est.shape[0]} but ground truth is "
+                          f"{gt.shape[1]}x{gt.shape[0]}")
+    return est, gt
 
 
 def add(a: dict | None, b: dict) -> dict:
@@ -81,12 +87,7 @@ def error_image(est: np.ndarray, gt: np.ndarray) -> np.ndarray:
     """KITTI-style error picture (HxWx3 uint8 BGR): where the ground truth is known, the
     colour of min(|err| / 3, |err| / |gt| / 0.05) (below 1: within D1, blue; above:
     orange to red), magenta where the estimate is missing; black where no ground truth."""
-    est = np.asarray(est, np.float64)
-    gt = np.asarray(gt, np.float64)
-    if est.shape != gt.shape:
-        from .errors import StereoError
-        raise StereoError(f"estimate is {est.shape[1]}x{est.shape[0]} but ground truth is "
-                          f"{gt.shape[1]}x{gt.shape[0]}")
+    est, gt = _same_size(est, gt)
     known = np.isfinite(gt)
     have = known & np.isfinite(est)
     err = np.abs(np.where(have, est, 0.0) - np.where(known, gt, 0.0))
