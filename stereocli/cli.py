@@ -183,9 +183,13 @@ def match(left, right, output, fmt, sbs, preview, depth_out, ply_out, focal, bas
         camera = geometry.camera(focal, baseline, doffs) if (focal or baseline) else None
     else:
         camera = geometry.camera(focal, baseline, doffs, calib)
-    if not auto and not (rectify_with and camera is None):  # (with -n auto the range, and so what a PNG can hold, is known once the images are read)
-        MatchOutputs.plan(output, fmt, params, preview=preview, depth=depth_out, ply=ply_out, camera=camera,
-                          json_on_stdout=as_json)
+    def plan():
+        return MatchOutputs.plan(output, fmt, params, preview=preview, depth=depth_out, ply=ply_out,
+                                 camera=camera, json_on_stdout=as_json)
+
+    # the outputs are checked before any work, except what depends on the images: the
+    # range of -n auto (what a PNG can hold) and the camera --rectify finds
+    outputs = None if auto or (rectify_with and camera is None) else plan()
     left_img = io.read_image(left)
     if sbs:
         left_img, right_img = io.split_side_by_side(left_img, "standard input" if left == "-" else left)
@@ -196,8 +200,7 @@ def match(left, right, output, fmt, sbs, preview, depth_out, ply_out, focal, bas
         camera = camera or rect_camera
     if auto:
         params = _auto_range(params, auto, left_img, right_img)
-    outputs = MatchOutputs.plan(output, fmt, params, preview=preview, depth=depth_out, ply=ply_out,
-                                camera=camera, json_on_stdout=as_json)
+    outputs = outputs or plan()
     warn = (lambda m: click.echo(f"stereo: {m}", err=True)) if timings else None
     backend = get_backend(kw["device"], warn=warn)
     _say_if_compiling()
