@@ -346,19 +346,14 @@ def collect_pairs(folders, out_dir, ext: str, *, pairs_file=None, sbs=False, lef
     if extras:
         pairs = with_extras(pairs, **extras)
         pairs = pairs if stream else list(pairs)
-        for folder in (extras.get("preview_dir"), extras.get("depth_dir"), extras.get("ply_dir")):
-            if folder and not io.is_url(folder):
-                try:
-                    Path(folder).mkdir(parents=True, exist_ok=True)
-                except OSError as e:
-                    raise StereoError(f"cannot create the folder {folder}: {e.strerror}") from None
     if not stream:
         check_outputs(pairs)
-    if not io.is_url(out_dir):
-        try:
-            Path(out_dir).mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise StereoError(f"cannot create the output folder {out_dir}: {e.strerror}") from None
+    for folder in (out_dir, *(extras.get(k) for k in ("preview_dir", "depth_dir", "ply_dir") if extras)):
+        if folder and not io.is_url(folder):
+            try:
+                Path(folder).mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise StereoError(f"cannot create the output folder {folder}: {e.strerror}") from None
     return pairs
 
 

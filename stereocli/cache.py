@@ -102,18 +102,21 @@ def _size(path: str) -> int:
         return 0
 
 
-def _our_files():
-    """Numba's cache files of stereocli's kernels inside DIR (of any install of it)."""
+def _our_folders() -> list[str]:
+    """Numba's cache subfolders of stereocli's sources inside DIR (of any install of it)."""
     try:
-        entries = list(os.scandir(DIR))
+        return [e.path for e in os.scandir(DIR) if e.is_dir() and _OUR_SUBFOLDER.match(e.name)]
     except OSError:
-        return
-    for e in entries:
-        if e.is_dir() and _OUR_SUBFOLDER.match(e.name):
-            for root, _, names in os.walk(e.path):
-                for n in names:
-                    if n.endswith((".nbi", ".nbc")):
-                        yield os.path.join(root, n)
+        return []
+
+
+def _our_files():
+    """Numba's cache files of stereocli's kernels inside DIR."""
+    for folder in _our_folders():
+        for root, _, names in os.walk(folder):
+            for n in names:
+                if n.endswith((".nbi", ".nbc")):
+                    yield os.path.join(root, n)
 
 
 def clear() -> int:
@@ -125,11 +128,7 @@ def clear() -> int:
             n += 1
         except OSError:
             pass
-    try:
-        folders = [e.path for e in os.scandir(DIR) if e.is_dir() and _OUR_SUBFOLDER.match(e.name)]
-    except OSError:
-        folders = []
-    for folder in folders:  # remove what is now empty, deepest first
+    for folder in _our_folders():  # remove what is now empty, deepest first
         for root, _, _ in sorted(os.walk(folder), key=lambda t: -len(t[0])):
             try:
                 os.rmdir(root)
