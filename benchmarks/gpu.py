@@ -53,7 +53,7 @@ def kernel_times(bk, left, right, ndisp, paths, repeat):
         ev[1].record(bk.stream)
         s = bk.sgm(vol, G, 40, 480, True, paths)
         ev[2].record(bk.stream)
-        d, d_r = bk.select(s, 0, 5.0, True, True)
+        d, d_r, _ = bk.select(s, 0, 5.0, True, True)
         ev[3].record(bk.stream)
         bk.lr_check(d, d_r, 1.0)
         ev[4].record(bk.stream)

@@ -46,7 +46,11 @@ class Pair:
     gt: Path | None = None
     error: str | None = None  # known bad before any work (no partner, bad line)
     time_file: str | None = None  # also write the seconds the match took here (Middlebury submissions)
-    extras: dict | None = None  # preview / depth / ply paths and the camera (see with_extras)
+    extras: dict | None = None  # preview / depth / ply / confidence / error-map paths, the camera (with_extras)
+
+    @property
+    def wants_confidence(self) -> bool:
+        return bool(self.extras and self.extras.get("confidence"))
 
 
 SUBMISSIONS = ("kitti", "middlebury")
@@ -348,7 +352,7 @@ def collect_pairs(folders, out_dir, ext: str, *, pairs_file=None, sbs=False, lef
         pairs = pairs if stream else list(pairs)
     if not stream:
         check_outputs(pairs)
-    for folder in (out_dir, *(extras.get(k) for k in ("preview_dir", "depth_dir", "ply_dir") if extras)):
+    for folder in (out_dir, *(extras.get(k) for k in EXTRA_DIRS if extras)):
         if folder and not io.is_url(folder):
             try:
                 Path(folder).mkdir(parents=True, exist_ok=True)
@@ -370,39 +374,53 @@ def load_pair(pair: Pair):
     return left, right, (time.perf_counter() - t) * 1e3
 
 
-def save_result(pair: Pair, disp, ext: str, max_disparity=None, seconds: float = 0.0, left=None):
+def save_result(pair: Pair, disp, ext: str, max_disparity=None, seconds: float = 0.0, left=None,
+                confidence=None):
     """Encode and write one map (in a writer thread), evaluate it if it has ground truth;
     `seconds` (the match's time) goes to the pair's time file if it has one, and the
-    pair's extras (preview, depth, point cloud of the `left` image) are written too."""
+    pair's extras (preview, depth, point cloud of the `left` image, `confidence` map,
+    error picture) are written too."""
     t = time.perf_counter()
     io.write_file(pair.output, io.encode_disparity(disp, ext))
     if pair.time_file:
         io.write_file(pair.time_file, f"{seconds:.4f}\n".encode())
     if pair.extras:
-        _write_extras(pair, disp, left)
+        _write_extras(pair, disp, left, confidence)
     write_ms = (time.perf_counter() - t) * 1e3
     counts = None
     if pair.gt is not None:
-        counts = metrics.counts(disp, io.read_disparity(pair.gt), max_disparity=max_disparity)
+        gt = io.read_disparity(pair.gt)
+        counts = metrics.counts(disp, gt, max_disparity=max_disparity)
+        if pair.extras and pair.extras["error_map"]:
+            io.write_image(pair.extras["error_map"], metrics.error_image(disp, gt))
     return write_ms, counts
 
 
-def with_extras(pairs, *, preview_dir=None, depth_dir=None, ply_dir=None, camera=None, disparity_range=(0, 0)):
+EXTRA_DIRS = ("preview_dir", "depth_dir", "ply_dir", "confidence_dir", "error_map_dir")
+
+
+def with_extras(pairs, *, preview_dir=None, depth_dir=None, ply_dir=None, confidence_dir=None, error_map_dir=None,
+                camera=None, disparity_range=(0, 0)):
     """Give each pair the extra files batch writes beside its map (NAME.png previews,
-    NAME.pfm depth, NAME.ply clouds in the given folders); `camera`: (focal, baseline,
-    doffs, calib) where calib may be a file name looked up in each left image's folder."""
+    NAME.pfm depth, NAME.ply clouds, NAME.pfm confidence maps, NAME.png error pictures
+    of pairs with ground truth, in the given folders); `camera`: (focal, baseline, doffs,
+    calib) where calib may be a file name looked up in each left image's folder."""
     for p in pairs:
         name = PurePosixPath(p.output).stem
         p.extras = {"range": disparity_range, "camera": camera,
                     "preview": io.join(preview_dir, name + ".png") if preview_dir else None,
                     "depth": io.join(depth_dir, name + ".pfm") if depth_dir else None,
-                    "ply": io.join(ply_dir, name + ".ply") if ply_dir else None}
+                    "ply": io.join(ply_dir, name + ".ply") if ply_dir else None,
+                    "confidence": io.join(confidence_dir, name + ".pfm") if confidence_dir else None,
+                    "error_map": io.join(error_map_dir, name + ".png") if error_map_dir else None}
         yield p
 
 
-def _write_extras(pair: Pair, disp, left) -> None:
+def _write_extras(pair: Pair, disp, left, confidence=None) -> None:
     from . import geometry
     x = pair.extras
+    if x["confidence"]:
+        io.write_file(x["confidence"], io.encode_disparity(confidence, ".pfm"))
     if x["preview"]:
         io.write_preview(x["preview"], disp, *x["range"])
     if x["depth"] or x["ply"]:
@@ -430,8 +448,9 @@ def match_one(pair: Pair, params, backend, ext: str, skip_existing: bool = False
     try:
         left, right, read_ms = load_pair(pair)
         with compute_lock or contextlib.nullcontext():
-            result = pipeline.run(left, right, params, backend)
-        write_ms, counts = save_result(pair, result.disparity, ext, max_disparity, result.total_ms / 1e3, left)
+            result = pipeline.run(left, right, params, backend, confidence=pair.wants_confidence)
+        write_ms, counts = save_result(pair, result.disparity, ext, max_disparity, result.total_ms / 1e3, left,
+                                       result.confidence)
     except Exception as e:  # one bad pair must not stop the batch
         raise_interrupt(e)
         return failed_event(pair, error_text(e)), None
@@ -522,14 +541,14 @@ def run(pairs, params, backend, ext: str, *, threads: int = 4, skip_existing: bo
                 continue
             try:
                 left, right, read_ms = fut.result()
-                result = pipeline.run(left, right, params, backend)
+                result = pipeline.run(left, right, params, backend, confidence=p.wants_confidence)
             except Exception as e:
                 raise_interrupt(e)
                 report(failed_event(p, error_text(e)))
                 continue
             ev = ok_event(p, result, read_ms)
             writes.append((p, writers.submit(save_result, p, result.disparity, ext, max_disparity,
-                                             result.total_ms / 1e3, left), ev))
+                                             result.total_ms / 1e3, left, result.confidence), ev))
             finish(block=False)
         finish(block=True)
     except KeyboardInterrupt:

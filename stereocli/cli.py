@@ -66,6 +66,9 @@ def _stage_options(f, auto=False):
         click.option("--fill", type=click.Choice(config.FILLS),
                      help="Fill rejected pixels: background = smaller neighbour disparity [background]."),
         click.option("--median", type=int, help="Median filter size: 0 (off), 3 or 5 [3]."),
+        click.option("--min-confidence", type=click.FloatRange(0, 1),
+                     help="Invalidate pixels whose confidence (see --confidence) is below this; filled pixels "
+                          "have 0, so any value > 0 also undoes the fill [0 = off]."),
         click.option("--speckle-size", type=int, help="Remove regions up to this many pixels, 0 = off [100]."),
         click.option("--speckle-diff", type=float, help="Largest step inside one speckle region, px [2]."),
         click.option("--max-memory", type=int,
@@ -131,6 +134,10 @@ def _geometry_options(f):
 @click.option("--sbs", is_flag=True, help="LEFT is one side-by-side frame (left half | right half); no RIGHT.")
 @(lambda f: _stage_options(f, auto=True))
 @click.option("--preview", type=click.Path(dir_okay=False), help="Also write a colour picture (.png); invalid = black.")
+@click.option("--confidence", "confidence_out", type=click.Path(dir_okay=False),
+              help="Also write the confidence map (.pfm/.npy/.tif, float32 in [0, 1]): the margin of the best "
+                   "aggregated cost over the runner-up where the disparity passed the uniqueness, left-right and "
+                   "speckle tests, 0 where it did not (filled or invalid pixels).")
 @_geometry_options
 @click.option("--rectify", "rectify_with", is_flag=True,
               help="LEFT and RIGHT are raw camera images: rectify them first with the stereo calibration in "
@@ -141,8 +148,8 @@ def _geometry_options(f):
 @click.option("--no-worker", is_flag=True,
               help="Run in this process, not in the background worker that keeps the kernels loaded between "
                    "commands (also: STEREOCLI_NO_WORKER=1).")
-def match(left, right, output, fmt, sbs, preview, depth_out, ply_out, focal, baseline, doffs, calib,
-          rectify_with, timings, as_json, **kw):
+def match(left, right, output, fmt, sbs, preview, confidence_out, depth_out, ply_out, focal, baseline, doffs,
+          calib, rectify_with, timings, as_json, **kw):
     """Compute the disparity map of one rectified pair.
 
     LEFT is the reference image: pixel (x, y) of LEFT matches (x - d, y) of RIGHT.
@@ -160,6 +167,8 @@ def match(left, right, output, fmt, sbs, preview, depth_out, ply_out, focal, bas
       stereo match frame.png --sbs -o disp.png               # side-by-side camera frame
       cat l.png | stereo match - r.png -o - --format png > disp.png
       stereo match im0.png im1.png -o d.pfm -n 256 --calib calib.txt --depth z.pfm --ply cloud.ply
+      stereo match l.png r.png -o d.pfm --confidence conf.pfm          # how sure each pixel is
+      stereo match l.png r.png -o d.png --min-confidence 0.5           # keep the sure half or so
     """
     from . import geometry, io, pipeline
     from .backends import get_backend
@@ -185,7 +194,7 @@ def match(left, right, output, fmt, sbs, preview, depth_out, ply_out, focal, bas
         camera = geometry.camera(focal, baseline, doffs, calib)
     def plan():
         return MatchOutputs.plan(output, fmt, params, preview=preview, depth=depth_out, ply=ply_out,
-                                 camera=camera, json_on_stdout=as_json)
+                                 camera=camera, confidence=confidence_out, json_on_stdout=as_json)
 
     # the outputs are checked before any work, except what depends on the images: the
     # range of -n auto (what a PNG can hold) and the camera --rectify finds
@@ -204,10 +213,10 @@ def match(left, right, output, fmt, sbs, preview, depth_out, ply_out, focal, bas
     warn = (lambda m: click.echo(f"stereo: {m}", err=True)) if timings else None
     backend = get_backend(kw["device"], warn=warn)
     _say_if_compiling()
-    result = pipeline.run(left_img, right_img, params, backend)
+    result = pipeline.run(left_img, right_img, params, backend, confidence=bool(confidence_out))
     for note in result.notes:
         click.echo(f"stereo: note: {note}", err=True)
-    outputs.write(result.disparity, left_img)
+    outputs.write(result.disparity, left_img, result.confidence)
     h, w = result.disparity.shape
     if timings:
         _print_timings(result, backend, w, h, params)
@@ -315,7 +324,11 @@ def rectify_cmd(left, right, calib, output):
               help="Write KITTI-style error pictures: a .png file for two files, a folder (NAME.png each) for "
                    "two folders. Blue to red = error below to far above D1's 3 px / 5 %; magenta = no "
                    "estimate; black = no ground truth.")
-def eval_cmd(estimate, ground_truth, mask, max_disparity, as_json, error_map):
+@click.option("--confidence", type=click.Path(),
+              help="Confidence map(s) of the estimate (from match --confidence): a file, or a folder for two "
+                   "folders. Also prints the sparsification figures: bad-2 of the 50 % most confident pixels, "
+                   "of all, and the area under the bad-2 sparsification curve (and the best possible area).")
+def eval_cmd(estimate, ground_truth, mask, max_disparity, as_json, error_map, confidence):
     """Compare disparity maps with ground truth (Middlebury/KITTI metrics).
 
     ESTIMATE and GROUND_TRUTH are two files, or two folders whose files pair by name
@@ -331,8 +344,11 @@ def eval_cmd(estimate, ground_truth, mask, max_disparity, as_json, error_map):
       stereo eval disp.pfm sample_data/disp.pfm
       stereo eval disp.pfm sample_data/disp.pfm --error-map errors.png
       stereo eval results/ gt/ --json --error-map error_maps/
+      stereo eval disp.pfm sample_data/disp.pfm --confidence conf.pfm
     """
     from pathlib import Path
+
+    import numpy as np
 
     from . import io, metrics
     est_p, gt_p = Path(estimate), Path(ground_truth)
@@ -351,6 +367,20 @@ def eval_cmd(estimate, ground_truth, mask, max_disparity, as_json, error_map):
             Path(error_map).mkdir(parents=True, exist_ok=True)
         else:
             io.check_preview_path(error_map)
+    conf_files = {}
+    if confidence:
+        conf_p = Path(confidence)
+        if conf_p.is_dir() != est_p.is_dir():
+            raise StereoError("--confidence is a file for two files, a folder for two folders")
+        if conf_p.is_dir():
+            conf_files = {p.stem: p for p in conf_p.iterdir() if p.suffix.lower() in io.DISPARITY_FORMATS}
+            missing = [e.stem for e, _ in pairs if e.stem not in conf_files]
+            if missing:
+                raise StereoError(f"{conf_p} has no confidence map named {missing[0]} (of {len(missing)} missing); "
+                                  f"give the folder that match/batch --confidence wrote")
+        else:
+            conf_files = {est_p.stem: conf_p}
+    ranked = []
     mask_img = io.read_image(mask) != 0 if mask else None
     if mask_img is not None and mask_img.ndim == 3:
         mask_img = mask_img.any(axis=2)
@@ -365,19 +395,36 @@ def eval_cmd(estimate, ground_truth, mask, max_disparity, as_json, error_map):
             target = Path(error_map) / f"{e.stem}.png" if est_p.is_dir() else Path(error_map)
             io.write_image(target, metrics.error_image(est, gt))
         total = metrics.add(total, c)
-        _print_metrics(str(e), metrics.summarize(c), as_json)
+        m = metrics.summarize(c)
+        if confidence:
+            ranked.append(metrics.confidence_ranking(io.read_disparity(conf_files[e.stem]), est, gt, mask_img,
+                                                     max_disparity))
+            m["sparsification"] = metrics.sparsification(*ranked[-1])
+        _print_metrics(str(e), m, as_json)
     if len(pairs) > 1:
-        _print_metrics("total", metrics.summarize(total), as_json)
+        m = metrics.summarize(total)
+        if confidence:
+            m["sparsification"] = metrics.sparsification(np.concatenate([r[0] for r in ranked]),
+                                                         np.concatenate([r[1] for r in ranked]))
+        _print_metrics("total", m, as_json)
 
 
 def _print_metrics(name, m, as_json, err=False):
     from . import metrics
     if as_json:
-        click.echo(json.dumps({"estimate": name, **metrics.rounded(m)}))
+        out = {"estimate": name, **metrics.rounded(m)}
+        if "sparsification" in m:
+            out["sparsification"] = metrics.rounded(m["sparsification"])
+        click.echo(json.dumps(out))
         return
     bad = "  ".join(f"bad{t:g} {100 * m[f'bad{t:g}']:5.2f}%" for t in (0.5, 1, 2, 4))
     click.echo(f"{name}: {bad}  D1 {100 * m['d1']:5.2f}%  density {100 * m['density']:5.1f}%  "
                f"avg {m['avgerr']:.3f}  rms {m['rms']:.3f}  ({m['pixels']} px)", err=err)
+    if "sparsification" in m:
+        s = m["sparsification"]
+        click.echo(f"{' ' * len(name)}  confidence: bad2 of the most confident 50 % {100 * s['bad_top50']:5.2f}% "
+                   f"(all {100 * s['bad_all']:5.2f}%)  sparsification AUC {100 * s['auc']:5.2f}% "
+                   f"(best possible {100 * s['auc_optimal']:5.2f}%)", err=err)
 
 
 @cli.command()
@@ -404,6 +451,10 @@ def _print_metrics(name, m, as_json, err=False):
 @click.option("--depth-dir", type=click.Path(file_okay=False),
               help="Also write depth maps f*B/(d+doffs), DIR/NAME.pfm (needs --focal/--baseline or --calib).")
 @click.option("--ply-dir", type=click.Path(file_okay=False), help="Also write coloured point clouds, DIR/NAME.ply.")
+@click.option("--confidence-dir", type=click.Path(file_okay=False),
+              help="Also write confidence maps (see match --confidence), DIR/NAME.pfm.")
+@click.option("--error-map-dir", type=click.Path(file_okay=False),
+              help="With --gt-dir: also write KITTI-style error pictures (see eval --error-map), DIR/NAME.png.")
 @click.option("--focal", type=float, help="Focal length in pixels (for --depth-dir/--ply-dir).")
 @click.option("--baseline", type=float, help="Baseline; depth comes out in its unit.")
 @click.option("--doffs", type=float, help="Principal point offset cx_right - cx_left, px [0].")
@@ -429,8 +480,8 @@ def _print_metrics(name, m, as_json, err=False):
               help="With --scheduler local: worker processes [one per GPU with CUDA, else 2]; more than the "
                    "GPUs puts several on each GPU.")
 def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, submission, method_name, preview_dir,
-          depth_dir, ply_dir, focal, baseline, doffs, calib, threads, skip_existing, gt_dir, gt_glob, max_disparity,
-          jsonl, progress, scheduler, workers, **kw):
+          depth_dir, ply_dir, confidence_dir, error_map_dir, focal, baseline, doffs, calib, threads, skip_existing,
+          gt_dir, gt_glob, max_disparity, jsonl, progress, scheduler, workers, **kw):
     """Match every pair of two folders (or of a list) and write one map per pair.
 
     Files pair by name: LEFT_DIR/x.png with RIGHT_DIR/x.png. With --left-glob and
@@ -451,6 +502,7 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, submiss
       stereo batch frames/ --sbs -o disp/ --skip-existing
       stereo batch mb/ mb/ -o out/ --left-glob '*/im0.png' --right-glob '*/im1.png' --calib calib.txt \\
           --depth-dir depth/ --ply-dir clouds/ --preview-dir previews/
+      stereo batch left/ right/ -o disp/ --gt-dir gt/ --error-map-dir errors/ --confidence-dir conf/
       find . -name 'l_*.png' | sed 's/\\(.*\\)l_\\(.*\\)/&\\t\\1r_\\2/' | stereo batch --pairs - -o out/
       producer | stereo batch --pairs - -o out/ --jsonl | consumer   # one process serves a stream
       stereo batch left/ right/ -o disp/ --jsonl | jq -c 'select(.status != "ok")'
@@ -484,7 +536,8 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, submiss
     pairs = B.collect_pairs(folders, out_dir, ext, pairs_file=pairs_file, sbs=sbs, left_glob=left_glob,
                             right_glob=right_glob, gt_dir=gt_dir, gt_glob=gt_glob, stream=stream,
                             submission=submission, method=method_name, extras=_batch_extras(
-                                preview_dir, depth_dir, ply_dir, focal, baseline, doffs, calib, params))
+                                preview_dir, depth_dir, ply_dir, confidence_dir, error_map_dir, gt_dir, focal,
+                                baseline, doffs, calib, params))
     show_bar = not stream and (progress if progress is not None else sys.stderr.isatty())
     warn = (lambda m: click.echo(f"stereo: {m}", err=True)) if show_bar else None
     if scheduler:
@@ -536,13 +589,17 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, submiss
     return 1 if summary.failed else 0
 
 
-def _batch_extras(preview_dir, depth_dir, ply_dir, focal, baseline, doffs, calib, params):
+def _batch_extras(preview_dir, depth_dir, ply_dir, confidence_dir, error_map_dir, gt_dir, focal, baseline, doffs,
+                  calib, params):
     """with_extras' arguments, or None when no extra file was asked for."""
-    if not (preview_dir or depth_dir or ply_dir):
+    if not (preview_dir or depth_dir or ply_dir or confidence_dir or error_map_dir):
         return None
     if (depth_dir or ply_dir) and not calib and not (focal and baseline):
         raise StereoError("--depth-dir and --ply-dir need --focal and --baseline, or --calib")
+    if error_map_dir and not gt_dir:
+        raise StereoError("--error-map-dir compares with ground truth: give --gt-dir too")
     return {"preview_dir": preview_dir, "depth_dir": depth_dir, "ply_dir": ply_dir,
+            "confidence_dir": confidence_dir, "error_map_dir": error_map_dir,
             "camera": (focal, baseline, doffs, calib),
             "disparity_range": (params.min_disparity, params.max_disparity)}
 

@@ -68,6 +68,9 @@ class Params:
     speckle_diff: float = 2.0
     fill: str = "background"
     median: int = 3
+    # pixels whose confidence (select.margin_confidence, 0 where rejected or filled) is
+    # below this are invalid in the output; 0 = keep all
+    min_confidence: float = 0.0
     # memory budget for one strip's volumes in MiB (0 = automatic)
     max_memory: int = 0
 
@@ -124,6 +127,8 @@ class Params:
         need(self.lr_max_diff >= 0, f"--lr-max-diff must be >= 0, not {self.lr_max_diff}")
         need(self.speckle_size >= 0 and self.speckle_diff >= 0, "speckle size and difference must be >= 0")
         need(self.median in (0, 1, 3, 5), f"--median must be 0 (off), 3 or 5, not {self.median}")
+        need(0.0 <= self.min_confidence <= 1.0,
+             f"--min-confidence must be in [0, 1], not {self.min_confidence}")
         need(self.max_memory >= 0, f"--max-memory must be >= 0 MiB, not {self.max_memory}")
         return self
 

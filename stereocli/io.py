@@ -221,6 +221,15 @@ def check_output_path(path: str | os.PathLike, fmt: str | None = None) -> tuple[
     return p, ext
 
 
+def check_float_map_path(path: str | os.PathLike, what: str) -> Path:
+    """An output path for a float map (depth, confidence): like check_output_path, but
+    not a 16-bit PNG, which holds disparities only."""
+    p, ext = check_output_path(path)
+    if ext == ".png":
+        raise StereoError(f"{p}: {what} is written as float: use .pfm, .npy or .tiff")
+    return p
+
+
 def check_png_range(min_disparity: int, hi: int) -> None:
     """A 16-bit PNG (d * 256) holds the range min_disparity..hi, or a StereoError says what to write instead."""
     if min_disparity < 0 or hi + 0.5 > PNG_MAX:

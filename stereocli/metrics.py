@@ -74,6 +74,50 @@ def evaluate(est: np.ndarray, gt: np.ndarray, mask: np.ndarray | None = None,
     return summarize(counts(est, gt, mask, max_disparity))
 
 
+SPARSIFICATION_STEPS = 20  # the curve is sampled at 5 %, 10 %, ..., 100 % of the pixels
+CONFIDENCE_THRESHOLD = 2.0  # px: the sparsification curve is of bad-2
+
+
+def confidence_ranking(conf: np.ndarray, est: np.ndarray, gt: np.ndarray, mask: np.ndarray | None = None,
+                       max_disparity: float | None = None, t: float = CONFIDENCE_THRESHOLD):
+    """(confidence, bad) of the ground-truth pixels of one map (as `counts` selects them):
+    bad = off by more than t px or missing. Concatenate several maps' to rank them together."""
+    est, gt = _same_size(est, gt)
+    conf = np.asarray(conf, np.float64)
+    if conf.shape != gt.shape:
+        from .errors import StereoError
+        raise StereoError(f"the confidence map is {conf.shape[1]}x{conf.shape[0]} but ground truth is "
+                          f"{gt.shape[1]}x{gt.shape[0]}")
+    known = np.isfinite(gt)
+    if max_disparity is not None:
+        known &= gt <= max_disparity
+    if mask is not None:
+        known &= mask.astype(bool)
+    bad = ~(np.abs(est[known] - gt[known]) <= t)  # NaN (missing) counts as bad
+    return np.nan_to_num(conf[known], nan=0.0), bad
+
+
+def sparsification(conf: np.ndarray, bad: np.ndarray) -> dict:
+    """How well a confidence ranks the pixels: keep the most confident fraction f of the
+    ground-truth pixels (f = 5 %, 10 %, ..., 100 %) and measure bad-t among them.
+    bad_top50: bad-t of the most confident half; bad_all: of all; auc: the mean of the
+    curve (lower is better); auc_optimal: the same for a ranking that puts every bad
+    pixel last (the best any confidence could do); auc_random: bad_all (a ranking that
+    knows nothing)."""
+    n = len(bad)
+    if n == 0:
+        return {"pixels": 0, "bad_top50": 0.0, "bad_all": 0.0, "auc": 0.0, "auc_optimal": 0.0}
+    order = np.argsort(-conf, kind="stable")
+    bad_sorted = np.cumsum(bad[order])
+    k = np.maximum(1, (np.arange(1, SPARSIFICATION_STEPS + 1) * n) // SPARSIFICATION_STEPS)
+    curve = bad_sorted[k - 1] / k
+    nbad = int(bad.sum())
+    optimal = np.maximum(0, k - (n - nbad)) / k
+    half = max(1, n // 2)
+    return {"pixels": n, "bad_top50": float(bad_sorted[half - 1] / half), "bad_all": nbad / n,
+            "auc": float(curve.mean()), "auc_optimal": float(optimal.mean())}
+
+
 # KITTI's error colours (devkit's disp_error_image): bins of the error relative to the
 # D1 thresholds (3 px and 5 %), log-spaced, blue (far below) to red (far above); BGR.
 ERROR_BINS = (0.0625, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)

@@ -30,10 +30,11 @@ class MatchOutputs:
     depth: Path | None = None
     ply: Path | None = None
     camera: geometry.Camera | None = None
+    confidence: Path | None = None
 
     @classmethod
     def plan(cls, output: str, fmt: str | None, params: Params, *, preview=None, depth=None, ply=None,
-             camera=None, json_on_stdout: bool = False) -> "MatchOutputs":
+             camera=None, confidence=None, json_on_stdout: bool = False) -> "MatchOutputs":
         if output == "-":
             if fmt is None:
                 raise StereoError("-o - writes to standard output: say the format with --format png|pfm|npy|tiff")
@@ -49,15 +50,16 @@ class MatchOutputs:
         if (depth or ply) and camera is None:
             raise StereoError("--depth and --ply need --focal and --baseline, or --calib")
         if depth:
-            depth, depth_ext = io.check_output_path(depth)
-            if depth_ext == ".png":
-                raise StereoError(f"{depth}: depth is written as float: use .pfm, .npy or .tiff")
+            depth = io.check_float_map_path(depth, "depth")
         if ply:
             ply = io.check_ply_path(ply)
-        return cls(path, ext, params, preview, depth, ply, camera)
+        if confidence:
+            confidence = io.check_float_map_path(confidence, "confidence")
+        return cls(path, ext, params, preview, depth, ply, camera, confidence)
 
-    def write(self, disparity: np.ndarray, left_image: np.ndarray) -> None:
-        """The map (to its file or standard output) and every extra file that was asked for."""
+    def write(self, disparity: np.ndarray, left_image: np.ndarray, confidence: np.ndarray | None = None) -> None:
+        """The map (to its file or standard output) and every extra file that was asked for
+        (`confidence`: the map pipeline.run gave, when self.confidence names a file)."""
         if self.disparity is None:
             sys.stdout.buffer.write(io.encode_disparity(disparity, self.ext))
             sys.stdout.buffer.flush()
@@ -69,3 +71,5 @@ class MatchOutputs:
             io.write_disparity(self.depth, geometry.depth(disparity, self.camera))
         if self.ply:
             io.write_file(self.ply, geometry.encode_ply(geometry.point_cloud(disparity, left_image, self.camera)))
+        if self.confidence:
+            io.write_disparity(self.confidence, confidence)

@@ -13,6 +13,12 @@ such strip plans smaller ones, and the Result says so (`notes`).
 Input pixels that are NaN or infinite (float images) are matched as 0 and get no
 disparity: the output is NaN wherever the left pixel, or the right pixel it was
 matched to, is not finite.
+
+Confidence (run(..., confidence=True), or params.min_confidence > 0): per pixel in
+[0, 1], the margin of the winning aggregated cost over the runner-up
+(select.margin_confidence) where the disparity survived the uniqueness test, the
+left-right check and the speckle filter, and 0 where it did not (the fill's guesses
+and invalid pixels). Pixels below params.min_confidence are invalid in the output.
 """
 from __future__ import annotations
 
@@ -42,6 +48,7 @@ class Result:
     strips: int = 1
     device: str = "cpu"
     notes: list = field(default_factory=list)  # things the user should hear (e.g. a memory-forced layout)
+    confidence: np.ndarray | None = None  # float32 in [0, 1], when asked for
 
     @property
     def total_ms(self) -> float:
@@ -139,9 +146,11 @@ def check_inputs(left: np.ndarray, right: np.ndarray, params: Params) -> None:
                           f"use at most {w}")
 
 
-def run(left, right, params: Params, backend: Backend) -> Result:
-    """Match a rectified pair (any shape/dtype io.to_grey accepts) -> Result."""
+def run(left, right, params: Params, backend: Backend, confidence: bool = False) -> Result:
+    """Match a rectified pair (any shape/dtype io.to_grey accepts) -> Result; with
+    `confidence`, Result.confidence too."""
     params.validate()
+    want_conf = confidence or params.min_confidence > 0
     check_inputs(left, right, params)
     bytes_in = left.dtype == np.uint8 and right.dtype == np.uint8  # upload bytes, make floats on the device
     gl, gr = to_grey(left, keep_u8=bytes_in), to_grey(right, keep_u8=bytes_in)
@@ -149,12 +158,19 @@ def run(left, right, params: Params, backend: Backend) -> Result:
     strips, note = layout(h, w, params, backend)
     timer = _Timer(backend)
     out = np.empty((h, w), np.float32)
+    conf = np.empty((h, w), np.float32) if want_conf else None
     for y0, y1, k0, k1 in strips:
-        disp = _run_strip(gl[y0:y1], gr[y0:y1], params, backend, timer)
+        disp, c = _run_strip(gl[y0:y1], gr[y0:y1], params, backend, timer, want_conf)
         out[k0:k1] = disp[k0 - y0:k1 - y0]
+        if want_conf:
+            conf[k0:k1] = c[k0 - y0:k1 - y0]
     _invalidate_nonfinite(out, left, right)
+    if want_conf:
+        conf[np.isnan(out)] = 0.0
+        if params.min_confidence > 0:
+            out[conf < np.float32(params.min_confidence)] = np.nan
     return Result(out, {s: timer.ms[s] for s in STAGES if s in timer.ms}, len(strips), backend.name,
-                  [note] if note else [])
+                  [note] if note else [], conf if confidence else None)
 
 
 WARM_UP_PRESETS = ("default", "fast", "quality")
@@ -194,8 +210,9 @@ def _invalidate_nonfinite(disp: np.ndarray, left: np.ndarray, right: np.ndarray)
         disp[ys[hit], xs[hit]] = np.nan
 
 
-def _run_strip(gl: np.ndarray, gr: np.ndarray, params: Params, bk, timer: _Timer) -> np.ndarray:
-    """gl, gr: grey strips, uint8 (the guide itself) or float32 0..255."""
+def _run_strip(gl: np.ndarray, gr: np.ndarray, params: Params, bk, timer: _Timer, want_conf: bool = False):
+    """gl, gr: grey strips, uint8 (the guide itself) or float32 0..255 -> (disparity,
+    confidence or None) of the strip."""
     if gl.dtype == np.uint8:
         G, Gr = bk.upload(gl), bk.upload(gr)
         L, R = bk.to_float(G), bk.to_float(Gr)
@@ -212,7 +229,8 @@ def _run_strip(gl: np.ndarray, gr: np.ndarray, params: Params, bk, timer: _Timer
     timer.lap("cost")
     agg = _aggregate(bk, vol, G, params)
     timer.lap("aggregate")
-    disp, disp_r = bk.select(agg, params.min_disparity, params.uniqueness, params.subpixel, params.lr_check)
+    disp, disp_r, conf = bk.select(agg, params.min_disparity, params.uniqueness, params.subpixel, params.lr_check,
+                                   want_conf)
     timer.lap("select")
     if params.lr_check:
         disp = bk.lr_check(disp, disp_r, params.lr_max_diff)
@@ -221,6 +239,8 @@ def _run_strip(gl: np.ndarray, gr: np.ndarray, params: Params, bk, timer: _Timer
     if params.speckle_size > 0:
         disp = bk.speckle(disp, params.speckle_size, params.speckle_diff)
         timer.lap("speckle")
+    if want_conf:
+        conf = bk.keep_confidence(conf, disp)  # 0 where rejected: the fill below only guesses
     if params.fill != "none":
         disp = bk.fill(disp, refine.FILL_MODES[params.fill])
         timer.lap("fill")
@@ -228,8 +248,9 @@ def _run_strip(gl: np.ndarray, gr: np.ndarray, params: Params, bk, timer: _Timer
         disp = bk.median(disp, params.median // 2)
         timer.lap("median")
     result = bk.download(disp)
+    conf = bk.download(conf) if want_conf else None
     timer.lap("download")
-    return result
+    return result, conf
 
 
 def _preprocess(bk, L, R, params: Params):
@@ -326,7 +347,7 @@ def _mi_volume(bk, gl: np.ndarray, gr: np.ndarray, params: Params, timer: _Timer
             if level == 0:
                 return vol
             agg = _aggregate(bk, vol, ql, params)  # the quantised left image is the P2 guide
-            d, d_r = bk.select(agg, min_d, 0.0, False, True)
+            d, d_r, _ = bk.select(agg, min_d, 0.0, False, True)
             d = bk.lr_check(d, d_r, 1.0)
             disp = bk.download(d)
     raise AssertionError("unreachable")

@@ -148,6 +148,25 @@ def wta(S, min_d, uniqueness, subpixel):
     return out
 
 
+def confidence(S, min_d):
+    """Margin of the best cost over the smallest cost more than one disparity away,
+    (runner-up - best) / runner-up; 1 without a runner-up, 0 without a candidate."""
+    h, w, n = S.shape
+    out = np.zeros((h, w), np.float32)
+    for y in range(h):
+        for x in range(w):
+            cand = [d for d in range(n) if 0 <= x - min_d - d < w]
+            if not cand:
+                continue
+            best = min(cand, key=lambda d: (int(S[y, x, d]), d))
+            others = [int(S[y, x, d]) for d in cand if abs(d - best) > 1]
+            if not others:
+                out[y, x] = 1.0
+            elif min(others) > 0:
+                out[y, x] = np.float32(min(others) - int(S[y, x, best])) / np.float32(min(others))
+    return out
+
+
 def wta_right(S, min_d):
     h, w, n = S.shape
     out = np.full((h, w), np.nan, np.float32)

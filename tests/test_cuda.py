@@ -80,17 +80,16 @@ def test_sgm_lane_exchange_under_simulator():
         "G=r.integers(0,256,(4,6)).astype(np.uint8);"
         "P=g.sgm(g.upload(C),g.upload(G),20,200,True,8);b=CpuBackend().sgm(C,G,20,200,True,8);"
         "assert np.array_equal(g.download(P),b), 'sgm differs';"
-        "l,r=g.select(P,-1,10.0,True,True);L,R=CpuBackend().select(b,-1,10.0,True,True);"
-        "assert np.array_equal(g.download(l),L,equal_nan=True) and np.array_equal(g.download(r),R,equal_nan=True), "
-        "'select differs'")
+        "l,r,c=g.select(P,-1,10.0,True,True,True);L,R,Cf=CpuBackend().select(b,-1,10.0,True,True,True);"
+        "assert np.array_equal(g.download(l),L,equal_nan=True) and np.array_equal(g.download(r),R,equal_nan=True) "
+        "and np.array_equal(g.download(c),Cf), 'select differs'")
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "STEREOCLI_SIM_LANES": "4"}
     r = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
 
 
 def select_on_gpu(agg, *args):
-    left, right = GPU.select(agg, *args)
-    return GPU.download(left), (None if right is None else GPU.download(right))
+    return tuple(None if a is None else GPU.download(a) for a in GPU.select(agg, *args))
 
 
 @pytest.mark.parametrize("uniq,subpix", [(0.0, False), (10.0, True)])
@@ -98,11 +97,11 @@ def select_on_gpu(agg, *args):
 def test_select_bit_exact(rng, uniq, subpix, min_d):
     """Left and right winner-takes-all on an aggregated volume (uint16 and uint8)."""
     for S in (rng.integers(0, 3000, (5, 12, 8)).astype(np.uint16), rng.integers(0, 256, (4, 9, 7)).astype(np.uint8)):
-        got = select_on_gpu(GPU.upload(S), min_d, uniq, subpix, True)
-        want = CPU.select(S, min_d, uniq, subpix, True)
-        np.testing.assert_array_equal(got[0], want[0])
-        np.testing.assert_array_equal(got[1], want[1])
-    assert select_on_gpu(GPU.upload(S), min_d, uniq, subpix, False)[1] is None
+        got = select_on_gpu(GPU.upload(S), min_d, uniq, subpix, True, True)
+        want = CPU.select(S, min_d, uniq, subpix, True, True)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+    assert select_on_gpu(GPU.upload(S), min_d, uniq, subpix, False)[1:] == (None, None)
 
 
 @pytest.mark.parametrize("ndisp", [8, 7])
@@ -110,10 +109,10 @@ def test_select_adds_the_sgm_directions(rng, ndisp):
     """Selection straight from the unsummed SGM direction volumes (packed when D % 4 == 0)."""
     C = rng.integers(0, 256, (6, 11, ndisp)).astype(np.uint8)
     G = rng.integers(0, 256, (6, 11)).astype(np.uint8)
-    got = select_on_gpu(GPU.sgm(GPU.upload(C), GPU.upload(G), 20, 200, True, 8), -2, 10.0, True, True)
-    want = CPU.select(CPU.sgm(C, G, 20, 200, True, 8), -2, 10.0, True, True)
-    np.testing.assert_array_equal(got[0], want[0])
-    np.testing.assert_array_equal(got[1], want[1])
+    got = select_on_gpu(GPU.sgm(GPU.upload(C), GPU.upload(G), 20, 200, True, 8), -2, 10.0, True, True, True)
+    want = CPU.select(CPU.sgm(C, G, 20, 200, True, 8), -2, 10.0, True, True, True)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
 
 
 @pytest.mark.skipif(not REAL_GPU, reason="needs a real GPU: wide rows, many disparities")
@@ -122,10 +121,10 @@ def test_select_bit_exact_on_wide_rows(rng, w, ndisp, min_d):
     """Rows wider than one block's segment of right pixels, and up to 256 disparities."""
     C = rng.integers(0, 256, (3, w, ndisp)).astype(np.uint8)
     G = rng.integers(0, 256, (3, w)).astype(np.uint8)
-    got = select_on_gpu(GPU.sgm(GPU.upload(C), GPU.upload(G), 20, 200, True, 4), min_d, 5.0, True, True)
-    want = CPU.select(CPU.sgm(C, G, 20, 200, True, 4), min_d, 5.0, True, True)
-    np.testing.assert_array_equal(got[0], want[0])
-    np.testing.assert_array_equal(got[1], want[1])
+    got = select_on_gpu(GPU.sgm(GPU.upload(C), GPU.upload(G), 20, 200, True, 4), min_d, 5.0, True, True, True)
+    want = CPU.select(CPU.sgm(C, G, 20, 200, True, 4), min_d, 5.0, True, True, True)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
 
 
 def noisy_map(rng, h=12, w=15):
@@ -172,6 +171,18 @@ def test_default_pipeline_identical_on_small_pair():
     left, right = textured_pair(h=30, w=40, shift=3, seed=11)
     a, b = run_both(left, right, num_disparities=8)
     assert same_maps(a, b).all()
+
+
+def test_confidence_map_identical_on_both_devices():
+    """The confidence, and the map that --min-confidence cuts from it, are the same on
+    either device."""
+    left, right = textured_pair(h=30, w=40, shift=3, seed=14)
+    params = config.load("default", None, {"num_disparities": 8, "min_confidence": 0.3})
+    a = pipeline.run(left, right, params, CPU, confidence=True)
+    b = pipeline.run(left, right, params, GPU, confidence=True)
+    np.testing.assert_array_equal(a.confidence, b.confidence)
+    assert same_maps(a.disparity, b.disparity).all()
+    assert 0 < np.isnan(a.disparity).mean() < 0.5
 
 
 @pytest.mark.parametrize("opts", [

@@ -67,16 +67,27 @@ def test_sgm_matches_reference(rng, paths, adaptive):
 @pytest.mark.parametrize("uniq,subpix", [(0.0, False), (10.0, True), (40.0, True)])
 def test_wta_matches_reference(rng, min_d, uniq, subpix):
     S = rng.integers(0, 3000, (6, 12, 8)).astype(np.uint16)
-    left, right = BK.select(S, min_d, uniq, subpix, True)
+    left, right, conf = BK.select(S, min_d, uniq, subpix, True, True)
     np.testing.assert_array_equal(left, ref.wta(S, min_d, uniq, subpix))
     np.testing.assert_array_equal(right, ref.wta_right(S, min_d))
+    np.testing.assert_array_equal(conf, ref.confidence(S, min_d))
+    assert BK.select(S, min_d, uniq, subpix, False)[1:] == (None, None)
+
+
+def test_confidence_without_runner_up_or_candidates():
+    """Three disparities: no cost lies more than one away from the best, so the winner is
+    certain (1); a pixel with no candidate inside the image has confidence 0."""
+    S = np.array([[[5, 9, 7]] * 4], np.uint16)
+    _, _, conf = BK.select(S, 2, 0.0, False, False, True)
+    assert conf[0, 0] == 0 and conf[0, 1] == 0  # x - 2 - d < 0 for every d
+    assert (conf[0, 2:] == 1).all()
 
 
 def test_subpixel_recovers_parabola_vertex():
     d = np.arange(8)
     S = (10 * (d - 3.3) ** 2 + 50).round().astype(np.uint16).reshape(1, 1, 8)
     S = np.repeat(S, 10, axis=1)  # 10 columns so x - d stays inside the image
-    disp, _ = BK.select(S, 0, 0.0, True, False)
+    disp, _, _ = BK.select(S, 0, 0.0, True, False)
     assert abs(disp[0, 9] - 3.3) < 0.05
 
 

@@ -82,10 +82,10 @@ class CpuBackend:
         return 2
 
     # selection
-    def select(self, agg, min_d, uniqueness, subpixel, right):
-        """(left disparity, right disparity or None) by winner-takes-all."""
-        left, right_disp = select.select_cpu(agg, min_d, np.float32(uniqueness), subpixel, right)
-        return left, (right_disp if right else None)
+    def select(self, agg, min_d, uniqueness, subpixel, right, confidence=False):
+        """(left disparity, right disparity or None, confidence or None) by winner-takes-all."""
+        left, right_disp, conf = select.select_cpu(agg, min_d, np.float32(uniqueness), subpixel, right, confidence)
+        return left, (right_disp if right else None), (conf if confidence else None)
 
     # refinement
     def lr_check(self, disp, disp_r, max_diff):
@@ -94,6 +94,9 @@ class CpuBackend:
     def speckle(self, disp, max_size, max_diff):
         labels, sizes = refine.speckle_labels_cpu(disp, np.float32(max_diff))
         return refine.speckle_apply_cpu(disp, labels, sizes, max_size)
+
+    def keep_confidence(self, conf, disp):
+        return refine.keep_confidence_cpu(conf, disp)
 
     def fill(self, disp, mode):
         return refine.fill_cpu(disp, mode)

@@ -79,8 +79,9 @@ class Backend(Protocol):
         adds as it reads them."""
 
     # ---------------------------------------------------------------- selection
-    def select(self, agg, min_d: int, uniqueness: float, subpixel: bool, right: bool):
-        """(left float32 (H, W), right float32 (H, W) or None): winner-takes-all, NaN invalid."""
+    def select(self, agg, min_d: int, uniqueness: float, subpixel: bool, right: bool, confidence: bool = False):
+        """(left float32 (H, W), right float32 (H, W) or None, confidence float32 (H, W) or
+        None): winner-takes-all, NaN invalid; the confidence is select.margin_confidence."""
 
     # ---------------------------------------------------------------- refinement
     def lr_check(self, disp: Array, disp_r: Array, max_diff: float) -> Array:
@@ -88,6 +89,9 @@ class Backend(Protocol):
 
     def speckle(self, disp: Array, max_size: int, max_diff: float) -> Array:
         """NaN over 4-connected regions (steps <= max_diff) of at most max_size pixels."""
+
+    def keep_confidence(self, conf: Array, disp: Array) -> Array:
+        """conf where disp is valid, 0 where it is NaN."""
 
     def fill(self, disp: Array, mode: int) -> Array:
         """Invalid pixels from their row neighbours (refine.BACKGROUND or NEAREST)."""

@@ -104,6 +104,22 @@ def lr_check_cpu(disp, disp_r, max_diff):
     return out
 
 
+@shared
+def keep_confidence_at(conf, disp, y, x):
+    """The confidence of a pixel whose disparity survived, 0 for a rejected one."""
+    return conf[y, x] if disp[y, x] == disp[y, x] else np.float32(0.0)
+
+
+@njit(parallel=True, cache=CACHE)
+def keep_confidence_cpu(conf, disp):
+    h, w = disp.shape
+    out = np.empty((h, w), np.float32)
+    for y in prange(h):
+        for x in range(w):
+            out[y, x] = keep_confidence_at(conf, disp, y, x)
+    return out
+
+
 @njit(cache=CACHE, inline="always")
 def _sort2(a, b):
     return min(a, b), max(a, b)

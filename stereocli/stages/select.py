@@ -29,13 +29,31 @@ def wta_finish(best, bc, other, c0, c2, lo, hi, min_d, uniqueness, subpixel):
     return disp
 
 
+NO_RUNNER = 0x7FFFFFFF  # `other` when no cost lies more than one disparity from the best
+
+
+@shared
+def margin_confidence(bc, other):
+    """Confidence in [0, 1] of a winner from its cost curve (PKRN-style): the share by
+    which the runner-up `other` (the smallest cost more than one disparity from the best)
+    exceeds the best cost `bc`, (other - bc) / other. 1 when there is no runner-up (a
+    range of at most three disparities), 0 when both costs are 0."""
+    if other == NO_RUNNER:
+        return np.float32(1.0)
+    if other <= 0:
+        return np.float32(0.0)
+    return np.float32(other - bc) / np.float32(other)
+
+
 NO_KEY = np.uint32(0xFFFFFFFF)
 
 
 @njit(parallel=True, cache=CACHE)
-def select_cpu(S, min_d, uniqueness, subpixel, right):
+def select_cpu(S, min_d, uniqueness, subpixel, right, confidence):
     """Winner-takes-all for the left image, and with `right` for the right image, in one
-    pass over S -> (left HxW float32, right HxW float32 or 0x0).
+    pass over S -> (left HxW float32, right HxW float32 or 0x0, confidence HxW float32
+    or 0x0). The confidence (with `confidence`) is margin_confidence of each left pixel's
+    winner, 0 where it has none.
 
     Left pixel (x, y): the first index `best` of the smallest cost among the disparities
     cost.inside_range allows, NaN when there is none or when it does not win by `uniqueness`
@@ -48,12 +66,15 @@ def select_cpu(S, min_d, uniqueness, subpixel, right):
     h, w, n = S.shape
     out = np.empty((h, w), np.float32)
     out_r = np.empty((h if right else 0, w if right else 0), np.float32)
+    out_c = np.empty((h if confidence else 0, w if confidence else 0), np.float32)
     for y in prange(h):
         rkeys = np.full(w, NO_KEY, np.uint32)  # rkeys[w - 1 - xr]: best key of right pixel xr
         for x in range(w):
             lo, hi = inside_range(w, n, x, min_d)
             if hi < lo:
                 out[y, x] = np.float32(math.nan)
+                if confidence:
+                    out_c[y, x] = np.float32(0.0)
                 continue
             costs = S[y, x, lo:hi + 1]
             k0 = w - 1 - x + min_d + lo  # rkeys index of the right pixel of disparity lo
@@ -65,8 +86,8 @@ def select_cpu(S, min_d, uniqueness, subpixel, right):
                 rk[i] = min(rk[i], k)
             best = np.int32(key & np.uint32(0xFFFF))
             bc = np.int32(key >> np.uint32(16))
-            other = np.int32(0x7FFFFFFF)
-            if uniqueness > 0.0:
+            other = np.int32(NO_RUNNER)
+            if uniqueness > 0.0 or confidence:
                 for i in range(best - 1 - lo):
                     other = min(other, np.int32(costs[i]))
                 for i in range(best + 2 - lo, hi + 1 - lo):
@@ -74,9 +95,11 @@ def select_cpu(S, min_d, uniqueness, subpixel, right):
             c0 = np.int32(S[y, x, best - 1]) if best > lo else np.int32(0)
             c2 = np.int32(S[y, x, best + 1]) if best < hi else np.int32(0)
             out[y, x] = wta_finish(best, bc, other, c0, c2, lo, hi, min_d, uniqueness, subpixel)
+            if confidence:
+                out_c[y, x] = margin_confidence(bc, other)
         if right:
             for xr in range(w):
                 key = rkeys[w - 1 - xr]
                 out_r[y, xr] = np.float32(math.nan) if key == NO_KEY else \
                     np.float32(np.int32(key & np.uint32(0xFFFF)) + min_d)
-    return out, out_r
+    return out, out_r, out_c

@@ -346,9 +346,9 @@ class CudaBackend:
         return 2 * paths  # one uint16 volume per direction; their sum is never stored
 
     # ------------------------------------------------------------ selection
-    def select(self, agg, min_d, uniqueness, subpixel, right):
-        """(left disparity, right disparity or None) from an aggregated volume or the
-        PathVolumes of sgm, in one pass (select._make_select_kernel)."""
+    def select(self, agg, min_d, uniqueness, subpixel, right, confidence=False):
+        """(left disparity, right disparity or None, confidence or None) from an aggregated
+        volume or the PathVolumes of sgm, in one pass (select._make_select_kernel)."""
         if isinstance(agg, PathVolumes):
             V, vec = self._rows(agg.sp, agg.vec), agg.vec
         else:
@@ -359,10 +359,12 @@ class CudaBackend:
             raise StereoError(f"the CUDA selection takes at most 32768 disparities, not {n}; use --device cpu")
         out = self._empty((h, w), np.float32)
         out_r = self._empty((h, w), np.float32) if right else out
+        out_c = self._empty((h, w), np.float32) if confidence else out
         grid = ((w + ksel.SELECT_SEGMENT - 1) // ksel.SELECT_SEGMENT, h)
         ksel.select_kernel_for(vec, n)[grid, kc.SGM_LANES * ksel.SELECT_WARPS, self.stream](
-            V, V.shape[0], w, n, shift, min_d, np.float32(uniqueness), bool(subpixel), bool(right), out, out_r)
-        return out, (out_r if right else None)
+            V, V.shape[0], w, n, shift, min_d, np.float32(uniqueness), bool(subpixel), bool(right),
+            bool(confidence), out, out_r, out_c)
+        return out, (out_r if right else None), (out_c if confidence else None)
 
     # ------------------------------------------------------------ refinement
     def lr_check(self, disp, disp_r, max_diff):
@@ -380,6 +382,12 @@ class CudaBackend:
         self._launch2(kref.ccl_merge_kernel, h, w, disp, np.float32(max_diff), labels)
         self._launch1(kref.ccl_count_kernel, h * w, labels, sizes)
         self._launch2(kref.speckle_apply_kernel, h, w, disp, labels, sizes, max_size, out)
+        return out
+
+    def keep_confidence(self, conf, disp):
+        h, w = disp.shape
+        out = self._empty((h, w), np.float32)
+        self._launch2(kref.keep_confidence_kernel, h, w, conf, disp, out)
         return out
 
     def fill(self, disp, mode):

@@ -16,6 +16,13 @@ def lr_check_kernel(disp, disp_r, max_diff, out):
 
 
 @cuda.jit(cache=CACHE)
+def keep_confidence_kernel(conf, disp, out):
+    x, y = cuda.grid(2)
+    if y < disp.shape[0] and x < disp.shape[1]:
+        out[y, x] = ref.keep_confidence_at(conf, disp, y, x)
+
+
+@cuda.jit(cache=CACHE)
 def fill_kernel(disp, mode, out):
     x, y = cuda.grid(2)
     if y < disp.shape[0] and x < disp.shape[1]:

@@ -13,6 +13,7 @@ sel = device_twins(_sel)  # the stage's shared arithmetic, as device functions
 SELECT_WARPS = 1 if SIM else 8  # pixel groups (warps) per block of the selection kernel
 SELECT_SEGMENT = 4096  # right pixels per block (their running minima live in shared memory)
 NO_KEY = 0x7FFFFFFF
+NO_RUNNER = _sel.NO_RUNNER  # the uniqueness runner-up when there is none (margin_confidence: 1)
 
 
 def _make_select_kernel(vec, HOLD):
@@ -64,7 +65,7 @@ def _make_select_kernel(vec, HOLD):
         return int32((acc >> uint64(16 * (d & 3))) & uint64(0xFFFF))
 
     @cuda.jit(cache=CACHE, **_REGS("STEREOCLI_SELECT_REGS", 64))  # 4 blocks per SM, not 3: 15 % faster
-    def select_kernel(V, nv, wd, n, shift, min_d, uniqueness, subpixel, right, out, out_r):
+    def select_kernel(V, nv, wd, n, shift, min_d, uniqueness, subpixel, right, confidence, out, out_r, out_c):
         rkey = cuda.shared.array(SELECT_SEGMENT, int32)
         scratch = cuda.shared.array((SELECT_WARPS, SGM_LANES), int32)  # the simulator's exchange
         held = cuda.local.array(HOLD, uint64)
@@ -112,11 +113,13 @@ def _make_select_kernel(vec, HOLD):
                 if hi < lo:
                     if lane == 0:
                         out[y, x] = float32(math.nan)
+                        if confidence:
+                            out_c[y, x] = float32(0.0)
                 else:
                     best = kmin & mask
                     bc = kmin >> shift
-                    other = int32(NO_KEY)
-                    if uniqueness > float32(0.0):
+                    other = int32(NO_RUNNER)
+                    if uniqueness > float32(0.0) or confidence:
                         for k in range(rounds):
                             i = int32(lane + LANES * k)
                             if i < reads:
@@ -139,6 +142,8 @@ def _make_select_kernel(vec, HOLD):
                             c2 = int32(read(V, nv, base, best + 1))
                     if lane == 0:
                         out[y, x] = sel.wta_finish(best, bc, other, c0, c2, lo, hi, min_d, uniqueness, subpixel)
+                        if confidence:
+                            out_c[y, x] = sel.margin_confidence(bc, other)
         if right:
             cuda.syncthreads()
             for i in range(tid, b - a, cuda.blockDim.x):
