@@ -20,6 +20,7 @@ pytestmark = pytest.mark.skipif(not SHARED_DATA.exists(), reason="the benchmarks
     ("cluster.py", ["--quick"]),
     ("large_pair.py", ["--quick"]),
     ("startup.py", ["--quick"]),
+    ("video.py", ["--quick"]),
     ("gpu.py", ["--sim-check"]),  # under Numba's CUDA simulator
     ("profile_kernels.py", ["48", "24", "8", "4", "1"]),  # (the same)
 ])

@@ -1,0 +1,68 @@
+"""Frames per second of `stereo video`, as a user runs it: a side-by-side video of the
+cones scene panning, resized to SIZE (default 1280x720), N frames, matched with the
+default preset; whole command (process start and kernel loading included) and the
+command's own end-to-end rate (first decode to last encode), with ms per frame of
+decoding, matching and encoding. One JSON line per device.
+
+    python benchmarks/video.py [--size 1280x720] [-n 128] [--frames 120] [--device cpu cuda] [--quick]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from common import DATA, ROOT, emit
+
+
+def make_video(path: Path, w: int, h: int, frames: int) -> None:
+    """A lossless (FFV1) side-by-side video: the cones pair resized to w x h, panning by 2 px a frame."""
+    left = cv2.resize(cv2.imread(str(DATA / "cones" / "left.png")), (w, h), interpolation=cv2.INTER_CUBIC)
+    right = cv2.resize(cv2.imread(str(DATA / "cones" / "right.png")), (w, h), interpolation=cv2.INTER_CUBIC)
+    v = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"FFV1"), 30, (2 * w, h))
+    for i in range(frames):
+        v.write(np.hstack([np.roll(left, 2 * i, 1), np.roll(right, 2 * i, 1)]))
+    v.release()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", default="1280x720")
+    ap.add_argument("-n", "--num-disparities", type=int, default=128)
+    ap.add_argument("--frames", type=int, default=120)
+    ap.add_argument("--device", nargs="+", default=["cpu"])
+    ap.add_argument("--quick", action="store_true", help="a tiny video (a check that the script runs)")
+    a = ap.parse_args()
+    if a.quick:
+        a.size, a.num_disparities, a.frames = "160x96", 16, 4
+    w, h = (int(v) for v in a.size.lower().split("x"))
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "STEREOCLI_NO_WORKER": "1"}
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "sbs.avi"
+        make_video(src, w, h, a.frames)
+        for device in a.device:
+            cmd = [sys.executable, "-m", "stereocli.cli", "video", str(src), "-o", str(Path(tmp) / "disp.mp4"),
+                   "-n", str(a.num_disparities), "--device", device, "--json", "--no-progress"]
+            subprocess.run(cmd[:4] + ["--max-frames", "2"] + cmd[4:], env=env, capture_output=True)  # compile
+            t = time.perf_counter()
+            r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            wall = time.perf_counter() - t
+            if r.returncode != 0:
+                sys.exit(r.stderr)
+            s = json.loads(r.stdout)
+            emit(size=f"{w}x{h}", num_disparities=a.num_disparities, device=device, frames=s["frames"],
+                 threads=int(os.environ.get("NUMBA_NUM_THREADS", os.cpu_count())),
+                 fps_end_to_end=s["fps"], fps_whole_command=round(s["frames"] / wall, 2),
+                 command_s=round(wall, 2), decode_ms=s["decode_ms_per_frame"], match_ms=s["match_ms_per_frame"],
+                 encode_ms=s["encode_ms_per_frame"])
+
+
+if __name__ == "__main__":
+    main()
