@@ -19,7 +19,6 @@ Running (`run`)
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import queue
 import re
@@ -84,10 +83,16 @@ class Summary:
     read_ms: float = 0.0
     compute_ms: float = 0.0
     write_ms: float = 0.0
+    startup_s: float | None = None  # on a Dask cluster: until the workers were ready
+    workers: dict = field(default_factory=dict)  # on a Dask cluster: worker -> {"pairs", "compute_ms"}
 
     def record(self, ev: dict, counts: dict | None = None) -> dict:
         """Count one finished pair (its event dict) and return the event, with metrics added."""
         status = ev["status"]
+        if ev.get("worker"):
+            w = self.workers.setdefault(ev["worker"], {"ok": 0, "failed": 0, "skipped": 0, "compute_ms": 0.0})
+            w[status] += 1
+            w["compute_ms"] = round(w["compute_ms"] + ev.get("compute_ms", 0.0), 1)
         if status == "ok":
             self.done += 1
             self.read_ms += ev.get("read_ms", 0.0)
@@ -119,6 +124,10 @@ class Summary:
                "pairs_per_s": round(self.done / self.seconds, 3) if self.seconds > 0 else 0.0,
                "read_ms": round(self.read_ms, 1), "compute_ms": round(self.compute_ms, 1),
                "write_ms": round(self.write_ms, 1)}
+        if self.startup_s is not None:
+            out["startup_s"] = round(self.startup_s, 3)
+        if self.workers:
+            out["workers"] = self.workers
         if self.metric_counts is not None:
             out["evaluated"] = self.evaluated
             out["metrics"] = metrics.rounded(metrics.summarize(self.metric_counts))
@@ -436,27 +445,6 @@ def _write_extras(pair: Pair, disp, left, confidence=None) -> None:
             io.write_file(x["ply"], geometry.encode_ply(geometry.point_cloud(disp, left, cam)))
 
 
-def match_one(pair: Pair, params, backend, ext: str, skip_existing: bool = False, max_disparity=None,
-              compute_lock=None):
-    """One pair start to finish, in the calling thread (what a cluster worker runs) ->
-    (event, metric counts or None). Never raises for a bad pair. With `compute_lock`,
-    only the matching holds it, so other threads decode and encode meanwhile."""
-    if pair.error:
-        return failed_event(pair, pair.error), None
-    if skip_existing and io.exists(pair.output):
-        return _event(pair, "skipped"), None
-    try:
-        left, right, read_ms = load_pair(pair)
-        with compute_lock or contextlib.nullcontext():
-            result = pipeline.run(left, right, params, backend, confidence=pair.wants_confidence)
-        write_ms, counts = save_result(pair, result.disparity, ext, max_disparity, result.total_ms / 1e3, left,
-                                       result.confidence)
-    except Exception as e:  # one bad pair must not stop the batch
-        raise_interrupt(e)
-        return failed_event(pair, error_text(e)), None
-    return {**ok_event(pair, result, read_ms), "write_ms": round(write_ms, 3)}, counts
-
-
 def ok_event(pair: Pair, result, read_ms: float) -> dict:
     """The event of a matched pair (its write_ms is added once written)."""
     return {**_event(pair, "ok"), "read_ms": round(read_ms, 3), **_result_fields(result)}
@@ -473,8 +461,10 @@ def _result_fields(result) -> dict:
 
 
 def run(pairs, params, backend, ext: str, *, threads: int = 4, skip_existing: bool = False,
-        on_event=None, max_disparity=None, summary: Summary | None = None) -> Summary:
+        on_event=None, max_disparity=None, summary: Summary | None = None, compute=None) -> Summary:
     """Match every pair; one bad pair is reported (event status "failed") and skipped.
+    `compute(fn, *args, **kw)` runs each match (default: in this thread); a Dask worker
+    running chunks side by side hands every match to its one device thread.
     `pairs` may be a list or a stream (e.g. lines of standard input): each pair starts
     as soon as it arrives, and its event is passed on as soon as its map is written,
     also while the next pair has not arrived yet.
@@ -541,7 +531,8 @@ def run(pairs, params, backend, ext: str, *, threads: int = 4, skip_existing: bo
                 continue
             try:
                 left, right, read_ms = fut.result()
-                result = pipeline.run(left, right, params, backend, confidence=p.wants_confidence)
+                result = (compute or _here)(pipeline.run, left, right, params, backend,
+                                            confidence=p.wants_confidence)
             except Exception as e:
                 raise_interrupt(e)
                 report(failed_event(p, error_text(e)))
@@ -571,6 +562,10 @@ def run(pairs, params, backend, ext: str, *, threads: int = 4, skip_existing: bo
 
 
 _END = object()
+
+
+def _here(fn, *args, **kw):
+    return fn(*args, **kw)
 
 
 def raise_interrupt(e: BaseException) -> None:

@@ -1,29 +1,43 @@
 """`stereo batch --scheduler`: the same batch on a Dask cluster (dask.distributed).
 
-The client (the `stereo batch` process) pairs the files, then sends each pair (paths
-and parameters, a few hundred bytes) to the workers; a worker reads the images,
-matches them, writes the output itself and sends back only the event (status,
-per-stage ms, metric sums). Each worker process keeps one backend, so it compiles
-(or loads) the kernels once and keeps its GPU. `--scheduler local` starts a cluster
-on this machine: with CUDA, one worker per GPU (CUDA_VISIBLE_DEVICES set per worker,
-as dask-cuda does); on the CPU, N workers sharing the cores.
+The client (the `stereo batch` process) pairs the files, then sends them to the
+workers in chunks (chunk_size: paths and parameters, a few hundred bytes a pair). A
+worker runs each chunk through the same runner as an in-process batch (batch.run:
+reader threads decode ahead, writer threads encode and write, the matching runs on
+its device meanwhile), writes the outputs itself and sends back only the events
+(status, per-stage ms, metric sums). One task per pair would cost a scheduler round
+trip per pair and lose the overlap of decoding, matching and encoding. Each worker
+process keeps one backend, so it compiles (or loads) the kernels once and keeps its
+GPU; two chunks run side by side in a worker, so that one decodes while the other
+matches. `--scheduler local` starts a cluster on this machine: with CUDA, one worker
+per GPU (CUDA_VISIBLE_DEVICES set per worker, as dask-cuda does); on the CPU, N
+workers sharing the cores.
 
 A pair that fails on a worker is tried once more on another worker before it is
-reported; the pairs of a worker that dies are rescheduled by Dask (once, on a local
-cluster; a remote scheduler follows its own `distributed.scheduler.allowed-failures`).
-At most a few pairs per worker are in flight, so the scheduler stays small for
-any number of pairs, and Ctrl-C only waits for those to finish.
+reported; the chunks of a worker that dies are rescheduled by Dask (once, on a local
+cluster; a remote scheduler follows its own `distributed.scheduler.allowed-failures`)
+and then once more by us. At most a few chunks per worker are in flight, so the
+scheduler stays small for any number of pairs, and Ctrl-C only waits for those.
 """
 from __future__ import annotations
 
 import os
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from . import batch, io
 from .errors import StereoError
 
-_COMPUTE_LOCK = threading.Lock()  # per worker process: one match at a time on its device
+WORKER_TASKS = 2  # chunks side by side in one local worker: one decodes while the other matches
+# Per worker process, every match runs on this one thread: one at a time on the device,
+# and always from the same thread (a CUDA context, or an OpenMP thread team, belongs to
+# the thread that made it; with a team per calling thread, idle teams spin and take
+# cores from the busy one: matches ran 1.8x slower in a worker before this).
+_DEVICE = ThreadPoolExecutor(1, thread_name_prefix="stereo-device")
+
+
+def _on_device(fn, *args, **kw):
+    return _DEVICE.submit(fn, *args, **kw).result()
 
 
 def _require_dask():
@@ -36,21 +50,61 @@ def _require_dask():
 
 # ------------------------------------------------------------------ on the worker
 
-def _worker_task(pair, params, device, ext, skip_existing, max_disparity):
-    """Runs on a worker: one pair start to finish. The backend is per process; a worker
-    with several threads decodes/encodes pairs while one of them matches."""
+_MALLOC_TUNED = []
+
+
+def _tune_malloc():
+    """Give glibc's allocator back the thresholds it has outside Dask. A Dask nanny starts
+    its worker with MALLOC_TRIM_THRESHOLD_=65536 (distributed.nanny.pre-spawn-environ),
+    which also fixes the mmap threshold at 128 KiB: every cost volume is then a fresh
+    mmap, faulted in page by page, and freed to the OS again; a batch of 384x288 pairs
+    ran at 0.65x the rate of the same process without that variable. Called once per
+    worker process; a no-op off glibc."""
+    if _MALLOC_TUNED:
+        return
+    _MALLOC_TUNED.append(True)
+    try:
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's mallopt parameters
+        libc.mallopt(m_mmap_threshold, 32 * 2 ** 20)  # the most glibc's dynamic threshold reaches
+        libc.mallopt(m_trim_threshold, 64 * 2 ** 20)
+    except (OSError, AttributeError):
+        pass
+
+
+def _worker_chunk(pairs, params, device, ext, skip_existing, max_disparity, threads):
+    """Runs on a worker: a chunk of pairs through the in-process batch runner (reader and
+    writer threads overlapped with the matching, outputs written here) ->
+    (events, summed metric counts or None, pairs evaluated). The backend is per process;
+    chunks that run side by side in one worker take turns on its device."""
     from .backends import get_backend
     try:
         from distributed import get_worker
-        where = get_worker().address
+        worker = get_worker()
+        where, limit = worker.name, getattr(getattr(worker, "memory_manager", None), "memory_limit", None)
     except Exception:  # pragma: no cover - not inside a worker
-        where = None
-    with _COMPUTE_LOCK:  # the first call initialises CUDA, which must not race between threads
-        backend = get_backend(device)
-    ev, counts = batch.match_one(pair, params, backend, ext, skip_existing, max_disparity,
-                                 compute_lock=_COMPUTE_LOCK)
-    ev["worker"] = where
-    return ev, counts
+        where = limit = None
+    _tune_malloc()
+    backend = _on_device(get_backend, device)
+    if limit and backend.name == "cpu":  # strips planned within the worker's memory limit (dask worker --memory-limit)
+        backend.memory_limit = int(limit)
+    events = []
+    summary = batch.Summary()
+    batch.run(pairs, params, backend, ext, threads=threads, skip_existing=skip_existing, on_event=events.append,
+              max_disparity=max_disparity, summary=summary, compute=_on_device)
+    for ev in events:
+        ev["worker"] = str(where)
+    return events, summary.metric_counts, summary.evaluated
+
+
+def chunk_size(n_pairs: int, slots: int) -> int:
+    """Pairs per task: about 4 tasks per worker thread, so that every worker stays busy to
+    the end and a lost worker costs little, and at most CHUNK_MAX, so that events flow."""
+    return max(1, min(CHUNK_MAX, -(-n_pairs // (4 * max(1, slots)))))
+
+
+CHUNK_MAX = 32
 
 
 # ------------------------------------------------------------------ on the client
@@ -77,9 +131,11 @@ def start_local_cluster(workers: int | None, device: str, threads: int = 4):
         threads = max(1, (os.cpu_count() or 2) // n)
         envs = [{"NUMBA_NUM_THREADS": str(threads), "OMP_NUM_THREADS": "1"} for _ in range(n)]
     specs = {f"{'gpu' if use_gpu else 'cpu'}-{i}": {"cls": Nanny, "options": {
-        "nthreads": threads, "env": envs[i], "silence_logs": 50, "memory_limit": 0}} for i in range(n)}
+        "nthreads": WORKER_TASKS, "env": envs[i], "silence_logs": 50, "memory_limit": 0}} for i in range(n)}
     # a pair whose worker dies is rerun once on another worker, then reported (KilledWorker)
-    with dask.config.set({"distributed.worker.daemon": False, "distributed.scheduler.allowed-failures": 1}):
+    # the workers' statistical profiler takes the GIL every 10 ms from threads that are matching: off
+    with dask.config.set({"distributed.worker.daemon": False, "distributed.scheduler.allowed-failures": 1,
+                          "distributed.worker.profile.enabled": False}):
         cluster = SpecCluster(scheduler={"cls": Scheduler, "options": {"dashboard_address": None}},
                               workers=specs, silence_logs=40, asynchronous=False)
     return cluster
@@ -99,6 +155,7 @@ def run(pairs, params, device: str, ext: str, scheduler: str, *, workers: int | 
         if scheduler == "local":
             cluster = start_local_cluster(workers, device, threads)
             client = Client(cluster)
+            client.wait_for_workers(len(cluster.workers), timeout=120)
         else:
             try:
                 client = Client(scheduler, timeout="20s")
@@ -109,7 +166,8 @@ def run(pairs, params, device: str, ext: str, scheduler: str, *, workers: int | 
         with client:
             if scheduler != "local":
                 client.wait_for_workers(1, timeout=60)
-            _run_with_client(client, pairs, params, device, ext, skip_existing, max_disparity, summary,
+            summary.startup_s = time.perf_counter() - start
+            _run_with_client(client, pairs, params, device, ext, skip_existing, max_disparity, threads, summary,
                              on_event, warn)
     finally:
         if cluster is not None:
@@ -119,59 +177,86 @@ def run(pairs, params, device: str, ext: str, scheduler: str, *, workers: int | 
     return summary
 
 
-def _run_with_client(client, pairs, params, device, ext, skip_existing, max_disparity, summary, on_event, warn):
+def _run_with_client(client, pairs, params, device, ext, skip_existing, max_disparity, threads, summary, on_event,
+                     warn):
     from distributed import as_completed
     from distributed.client import FutureCancelledError
 
+    from . import metrics
+
     info = client.scheduler_info(n_workers=-1)["workers"]
     nworkers = max(1, len(info))
-    window = sum(w.get("nthreads", 1) + 1 for w in info.values()) or 2  # every thread busy, one queued each
+    slots = sum(w.get("nthreads", 1) for w in info.values()) or 1
+    window = slots + nworkers  # every worker thread busy, and one chunk queued on each worker
+    size = chunk_size(len(pairs), slots)
     if warn:
-        warn(f"sending {len(pairs)} pairs to {nworkers} Dask worker(s) at {client.scheduler.address}")
-    params_f = client.scatter(params, broadcast=True)  # sent once, not once per pair
-    todo = iter(pairs)
-    attempts = {}  # future key -> (pair, attempt, future): everything sent and not yet reported
+        warn(f"sending {len(pairs)} pairs in chunks of {size} to {nworkers} Dask worker(s) at "
+             f"{client.scheduler.address}")
+    params_f = client.scatter(params, broadcast=True)  # sent once, not once per chunk
+    todo = (pairs[i:i + size] for i in range(0, len(pairs), size))
+    attempts = {}  # future key -> (chunk, attempt, future): everything sent and not yet reported
 
-    def submit(p, attempt=1, avoid=None):
+    def submit(chunk, attempt=1, avoid=None):
         kw = {}
         if avoid:
-            others = [w for w in client.scheduler_info(n_workers=-1)["workers"] if w != avoid]
+            others = [a for a, w in client.scheduler_info(n_workers=-1)["workers"].items()
+                      if str(w.get("name")) != avoid and a != avoid]
             if others:
                 kw = {"workers": others, "allow_other_workers": False}
-        f = client.submit(_worker_task, p, params_f, device, ext, skip_existing, max_disparity, pure=False, **kw)
-        attempts[f.key] = (p, attempt, f)
+        f = client.submit(_worker_chunk, chunk, params_f, device, ext, skip_existing, max_disparity, threads,
+                          pure=False, **kw)
+        attempts[f.key] = (chunk, attempt, f)
         return f
 
     report = summary.reporter(on_event)
 
-    ac = as_completed()
-    for p in (next(todo, None) for _ in range(window)):
-        if p is not None:
-            ac.add(submit(p))
-    try:
-        for fut in ac:
-            p, attempt, _ = attempts.pop(fut.key)
-            try:
-                ev, counts = fut.result()
-            except FutureCancelledError:
-                continue
-            except Exception as e:  # the worker died too often (KilledWorker) or the task could not run
-                ev, counts = batch.failed_event(p, f"{type(e).__name__}: {e}"), None
-            if ev["status"] == "failed" and attempt == 1 and not p.error:
-                ac.add(submit(p, 2, avoid=ev.get("worker")))  # once more, elsewhere when there is an elsewhere
+    def finish(chunk, attempt, result, ac):
+        """Report a chunk's events; its failed pairs go once more to another worker."""
+        if isinstance(result, Exception):  # the worker died too often (KilledWorker) or the task could not run
+            if attempt == 1:
+                ac.add(submit(chunk, 2))
+                return
+            result = ([batch.failed_event(p, f"{type(result).__name__}: {result}") for p in chunk], None, 0)
+        events, counts, evaluated = result
+        by_output = {str(p.output): p for p in chunk}
+        retry = []
+        for ev in events:
+            p = by_output.get(ev["output"])
+            if ev["status"] == "failed" and attempt == 1 and p is not None and not p.error:
+                retry.append((p, ev.get("worker")))
                 continue
             ev["attempts"] = attempt
-            report(ev, counts)
+            report(ev)
+        for p, worker in retry:  # once more, elsewhere when there is an elsewhere
+            ac.add(submit([p], 2, avoid=worker))
+        if counts is not None:
+            summary.metric_counts = metrics.add(summary.metric_counts, counts)
+            summary.evaluated += evaluated
+
+    ac = as_completed()
+    for chunk in (next(todo, None) for _ in range(window)):
+        if chunk is not None:
+            ac.add(submit(chunk))
+    try:
+        for fut in ac:
+            chunk, attempt, _ = attempts.pop(fut.key)
+            try:
+                result = fut.result()
+            except FutureCancelledError:
+                continue
+            except Exception as e:
+                result = e
+            finish(chunk, attempt, result, ac)
             nxt = next(todo, None)
             if nxt is not None:
                 ac.add(submit(nxt))
     except KeyboardInterrupt:
         summary.interrupted = True
-        # the pairs in flight finish (each output is whole or absent), nothing new is sent
-        for p, _, fut in list(attempts.values()):
+        # the chunks in flight finish (each output is whole or absent), nothing new is sent
+        for chunk, attempt, fut in list(attempts.values()):
             try:
-                ev, counts = fut.result(timeout=120)
+                result = fut.result(timeout=300)
             except Exception as e:
-                ev, counts = batch.failed_event(p, f"{type(e).__name__}: {e}"), None
-            report(ev, counts)
+                result = e
+            finish(chunk, 2, result, None)  # no second attempt now
         raise

@@ -36,6 +36,9 @@ def test_local_cluster_equals_in_process_batch_with_a_corrupt_pair(tmp_path, cro
     s_here = json.loads(here.stdout.splitlines()[-1])["summary"]
     s_there = json.loads(there.stdout.splitlines()[-1])["summary"]
     assert [s_there[k] for k in ("done", "failed", "skipped")] == [s_here[k] for k in ("done", "failed", "skipped")]
+    assert s_there["startup_s"] > 0 and "startup_s" not in s_here  # what the cluster cost, and who did what
+    assert sum(w["ok"] for w in s_there["workers"].values()) == 2 and set(s_there["workers"]) <= {"cpu-0", "cpu-1"}
+    assert "cluster ready after" in there.stderr
     failed = [json.loads(x) for x in there.stdout.splitlines()[:-1] if '"failed"' in x]
     assert len(failed) == 1 and failed[0]["attempts"] == 2 and "cannot decode" in failed[0]["error"]
     assert "2 done, 1 failed, 0 skipped" in there.stderr

@@ -145,3 +145,16 @@ def test_mutual_information_survives_a_different_camera_response():
     assert share_right(cost="mi") > 0.9
     assert share_right(cost="census") > 0.9
     assert share_right(cost="sad", window=(5, 5)) < 0.5
+
+
+def test_a_process_memory_limit_plans_smaller_strips_and_says_so():
+    """A Dask worker started with --memory-limit gives its CPU backend that limit: a pair
+    whose standard strip would not fit in it runs in smaller strips, with a note."""
+    from stereocli import config, pipeline
+    from stereocli.backends import cpu
+    params = config.load("default", None, {"num_disparities": 128})
+    bk = cpu.CpuBackend()
+    assert pipeline.layout(1500, 2000, params, bk) == ([(0, 1500, 0, 1500)], None)
+    bk.memory_limit = (cpu._resident_bytes() or 0) + 256 * 2 ** 20
+    strips, note = pipeline.layout(1500, 2000, params, bk)
+    assert len(strips) > 1 and "free memory" in note and "--max-memory" in note

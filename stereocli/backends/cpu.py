@@ -4,8 +4,30 @@ import numpy as np
 from ..stages import aggregate, cost, preprocess, refine, select
 
 
+def _meminfo(key):
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith(key):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _resident_bytes():
+    """This process's resident memory (Linux), or None."""
+    try:
+        import os
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class CpuBackend:
     name = "cpu"
+    memory_limit = None  # bytes this process may use in all (a Dask worker's limit); None = the system's
 
     def describe(self) -> str:
         import numba
@@ -25,15 +47,13 @@ class CpuBackend:
         pass
 
     def free_memory(self):
-        """Bytes of memory the system can still give (Linux MemAvailable), or None if unknown."""
-        try:
-            with open("/proc/meminfo") as f:
-                for line in f:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024
-        except (OSError, ValueError, IndexError):
-            pass
-        return None
+        """Bytes of memory the system can still give (Linux MemAvailable), and no more than
+        memory_limit less what this process holds; None if unknown."""
+        avail = _meminfo("MemAvailable:")
+        if self.memory_limit:
+            room = max(0, self.memory_limit - (_resident_bytes() or 0))
+            avail = room if avail is None else min(avail, room)
+        return avail
 
     # preprocessing
     def dog(self, img, k1, k2):

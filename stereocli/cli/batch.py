@@ -196,6 +196,10 @@ def _print_batch_summary(s, total, with_gt, no_gt, jsonl, device):
     click.echo(f"stereo: {head} {s.done} done, {s.failed} failed, {s.skipped} skipped"
                + (f", {not_run} not run" if not_run else "")
                + f" in {s.seconds:.1f} s ({rate})", err=True)
+    if s.startup_s is not None:
+        per = ", ".join(f"{name} {w['ok']} pairs ({w['compute_ms'] / 1e3:.1f} s matching)"
+                        for name, w in sorted(s.workers.items()))
+        click.echo(f"stereo: cluster ready after {s.startup_s:.1f} s" + (f"; {per}" if per else ""), err=True)
     for left, err in s.failures[:20]:
         click.echo(f"  failed: {left}: {err}", err=True)
     if len(s.failures) > 20:
