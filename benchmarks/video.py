@@ -5,6 +5,9 @@ command's own end-to-end rate (first decode to last encode), with ms per frame o
 decoding, matching and encoding. One JSON line per device.
 
     python benchmarks/video.py [--size 1280x720] [-n 128] [--frames 120] [--device cpu cuda] [--quick]
+
+Also a line per device with the pipeline's per-stage ms on one frame (the best of 10
+runs in this process), to see what bounds the rate.
 """
 import argparse
 import json
@@ -29,6 +32,19 @@ def make_video(path: Path, w: int, h: int, frames: int) -> None:
     for i in range(frames):
         v.write(np.hstack([np.roll(left, 2 * i, 1), np.roll(right, 2 * i, 1)]))
     v.release()
+
+
+def stage_times(w, h, ndisp, device, repeat=10):
+    """Per-stage ms of pipeline.run on one frame of the video, the run with the best total."""
+    from stereocli import config, pipeline
+    from stereocli.backends import get_backend
+    left = cv2.resize(cv2.imread(str(DATA / "cones" / "left.png")), (w, h), interpolation=cv2.INTER_CUBIC)
+    right = cv2.resize(cv2.imread(str(DATA / "cones" / "right.png")), (w, h), interpolation=cv2.INTER_CUBIC)
+    params = config.load("default", None, {"num_disparities": ndisp})
+    backend = get_backend(device)
+    runs = [pipeline.run(left, right, params, backend) for _ in range(repeat + 1)][1:]
+    best = min(runs, key=lambda r: r.total_ms)
+    return {k: round(v, 2) for k, v in best.timings.items()}, round(best.total_ms, 2)
 
 
 def main():
@@ -59,9 +75,12 @@ def main():
             s = json.loads(r.stdout)
             emit(size=f"{w}x{h}", num_disparities=a.num_disparities, device=device, frames=s["frames"],
                  threads=int(os.environ.get("NUMBA_NUM_THREADS", os.cpu_count())),
-                 fps_end_to_end=s["fps"], fps_whole_command=round(s["frames"] / wall, 2),
+                 fps_end_to_end=s["fps"], fps_after_first_frame=s["steady_fps"], fps_whole_command=round(s["frames"] / wall, 2),
                  command_s=round(wall, 2), decode_ms=s["decode_ms_per_frame"], match_ms=s["match_ms_per_frame"],
                  encode_ms=s["encode_ms_per_frame"])
+            stages, total = stage_times(w, h, a.num_disparities, device, 2 if a.quick else 10)
+            emit(size=f"{w}x{h}", num_disparities=a.num_disparities, device=device, one_frame_ms=total,
+                 stages_ms=stages)
 
 
 if __name__ == "__main__":

@@ -157,6 +157,7 @@ class VideoOutputs:
 class Stats:
     frames: int = 0
     seconds: float = 0.0  # wall time from the first decode to the last write
+    first_s: float = 0.0  # until the first frame was written (kernel loading included)
     decode_ms: float = 0.0  # summed over frames (in the reader thread)
     match_ms: float = 0.0  # summed pipeline time (in the calling thread)
     encode_ms: float = 0.0  # summed colouring, encoding and map writing (in the writer thread)
@@ -170,9 +171,16 @@ class Stats:
     def fps(self) -> float:
         return self.frames / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def steady_fps(self) -> float:
+        """The rate after the first frame (once the kernels are loaded): what a live stream sees."""
+        span = self.seconds - self.first_s
+        return (self.frames - 1) / span if self.frames > 1 and span > 0 else self.fps
+
     def as_dict(self) -> dict:
         n = max(1, self.frames)
         return {"frames": self.frames, "seconds": round(self.seconds, 3), "fps": round(self.fps, 2),
+                "steady_fps": round(self.steady_fps, 2), "first_frame_s": round(self.first_s, 3),
                 "width": self.size[0], "height": self.size[1], "device": self.device,
                 "decode_ms_per_frame": round(self.decode_ms / n, 2), "match_ms_per_frame": round(self.match_ms / n, 2),
                 "encode_ms_per_frame": round(self.encode_ms / n, 2), "interrupted": self.interrupted}
@@ -234,6 +242,8 @@ def run(source: Source, params, backend, outputs: VideoOutputs, *, max_frames: i
                 i += 1
                 stats.frames = i
                 stats.seconds = time.perf_counter() - start
+                if i == 1:
+                    stats.first_s = stats.seconds
                 if on_frame:
                     on_frame(stats)
         except BaseException as e:  # noqa: BLE001

@@ -80,7 +80,7 @@ def video(input_, left_in, right_in, output, maps_dir, fmt, every, max_frames, a
     d = stats.as_dict()
     where = " and ".join(str(p) for p in (outputs.video, outputs.maps_dir) if p is not None)
     click.echo(f"stereo: video: {d['frames']} frames {d['width']}x{d['height']} in {d['seconds']:.1f} s, "
-               f"{d['fps']:.1f} fps end to end on {stats.device} (per frame: decode {d['decode_ms_per_frame']:.1f} "
+               f"{d['fps']:.1f} fps end to end on {stats.device}, {d['steady_fps']:.1f} after the first frame (per frame: decode {d['decode_ms_per_frame']:.1f} "
                f"ms, match {d['match_ms_per_frame']:.1f} ms, encode {d['encode_ms_per_frame']:.1f} ms) -> {where}"
                + (" (recording stopped by Ctrl-C)" if stats.interrupted else ""), err=True)
     if as_json:
