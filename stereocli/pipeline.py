@@ -56,16 +56,23 @@ class Result:
 
 
 class _Timer:
+    """Per-stage times without stopping the device between stages: each lap leaves a
+    marker in the device's order of work (backend.mark: the clock on the CPU, a CUDA
+    event on the GPU, so kernels queue while Python goes on), read once at the end."""
+
     def __init__(self, backend):
         self.backend = backend
-        self.ms = {}
-        self.t = time.perf_counter()
+        self.marks = [(None, backend.mark())]
 
     def lap(self, stage):
-        self.backend.synchronize()
-        now = time.perf_counter()
-        self.ms[stage] = self.ms.get(stage, 0.0) + (now - self.t) * 1e3
-        self.t = now
+        self.marks.append((stage, self.backend.mark()))
+
+    @property
+    def ms(self) -> dict:
+        out = {}
+        for (_, a), (stage, b) in zip(self.marks, self.marks[1:]):
+            out[stage] = out.get(stage, 0.0) + self.backend.elapsed_ms(a, b)
+        return out
 
 
 def bytes_per_row(width: int, params: Params, sgm_bytes: int = 2) -> int:
@@ -169,7 +176,8 @@ def run(left, right, params: Params, backend: Backend, confidence: bool = False)
         conf[np.isnan(out)] = 0.0
         if params.min_confidence > 0:
             out[conf < np.float32(params.min_confidence)] = np.nan
-    return Result(out, {s: timer.ms[s] for s in STAGES if s in timer.ms}, len(strips), backend.name,
+    ms = timer.ms
+    return Result(out, {s: ms[s] for s in STAGES if s in ms}, len(strips), backend.name,
                   [note] if note else [], conf if confidence else None)
 
 

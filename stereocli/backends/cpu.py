@@ -1,4 +1,6 @@
 """CPU backend: NumPy arrays and the @njit(parallel=True) drivers of the stages."""
+import time
+
 import numpy as np
 
 from ..stages import aggregate, cost, preprocess, refine, select
@@ -45,6 +47,12 @@ class CpuBackend:
 
     def synchronize(self):
         pass
+
+    def mark(self):
+        return time.perf_counter()
+
+    def elapsed_ms(self, start, end):
+        return (end - start) * 1e3
 
     def free_memory(self):
         """Bytes of memory the system can still give (Linux MemAvailable), and no more than

@@ -31,7 +31,14 @@ class Backend(Protocol):
         """A device array back as a host numpy array."""
 
     def synchronize(self) -> None:
-        """Wait for the work launched so far (the pipeline's timer calls it before each lap)."""
+        """Wait for the work launched so far."""
+
+    def mark(self):
+        """A time marker placed after the work launched so far, without waiting for it
+        (the pipeline's timer leaves one after each stage)."""
+
+    def elapsed_ms(self, start, end) -> float:
+        """Milliseconds between two markers (waits for `end` to be reached)."""
 
     def free_memory(self) -> float | None:
         """Bytes this device can still give, or None if unknown (strip planning)."""

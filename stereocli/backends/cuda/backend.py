@@ -5,6 +5,7 @@ Data stays on the GPU from upload to download. Allocation failures become a
 StereoError that names the size asked for.
 """
 import threading
+import time
 import weakref
 
 import numpy as np
@@ -170,6 +171,21 @@ class CudaBackend:
 
     def synchronize(self):
         self.stream.synchronize()
+
+    def mark(self):
+        """A CUDA event recorded on the stream (the simulator: the host clock, after a sync)."""
+        if kc.SIM:
+            self.stream.synchronize()
+            return time.perf_counter()
+        e = cuda.event(timing=True)
+        e.record(self.stream)
+        return e
+
+    def elapsed_ms(self, start, end):
+        if kc.SIM:
+            return (end - start) * 1e3
+        end.synchronize()
+        return cuda.event_elapsed_time(start, end)
 
     def free_memory(self):
         free, _ = cuda.current_context().get_memory_info()
