@@ -99,6 +99,8 @@ class CpuBackend:
         return aggregate.box_sum_u8_cpu(vol, r)
 
     def sgm(self, vol, guide, p1, p2, adaptive, paths):
+        if paths in (4, 8):
+            return aggregate.sgm_cpu(vol, guide, p1, p2, adaptive, paths)
         h, w, n = vol.shape
         s = np.empty((h, w, n), np.uint16)
         for i, (dx, dy) in enumerate(aggregate.direction_pairs(paths)):

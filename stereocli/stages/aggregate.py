@@ -166,3 +166,110 @@ def box_sum_u8_cpu(C, r):
                 out[y, x, d] = (acc[d] + area // 2) // area
                 acc[d] += tmp[a, x, d] - tmp[b, x, d]
     return out
+
+
+# ---------------------------------------------------------------- CPU SGM in three sweeps
+# The line-by-line driver above walks each path direction on its own: 8 paths read the
+# cost volume 8 times and read and write the sum 16 times. The sweeps below give the
+# same sums (the same recursion per direction; integer sums do not depend on their
+# order) with the volumes touched 3 and 5 times: one pass over rows for both horizontal
+# directions (rows in parallel), then one raster pass downwards for every direction
+# that comes from the row above, and one upwards for those from the row below (the
+# pixels of a row in parallel), each keeping only the previous row's path costs. This
+# is how OpenCV's 8-path mode walks the image, with the rows' pixels shared out.
+
+
+@njit(parallel=True, cache=CACHE)
+def sgm_horizontal_cpu(C, guide, p1, p2tab, S):
+    """S = L(+x) + L(-x): both horizontal paths of every row (rows in parallel)."""
+    h, w, n = C.shape
+    for y in prange(h):
+        row = np.empty((w, n + 2), np.uint16)  # L along +x at every pixel of the row
+        row[:, 0] = EDGE
+        row[:, n + 1] = EDGE
+        m = np.int32(EDGE)
+        for d in range(n):
+            v = np.int32(C[y, 0, d])
+            row[0, d + 1] = v
+            m = min(m, v)
+        for x in range(1, w):
+            p2e = p2tab[abs(np.int32(guide[y, x]) - np.int32(guide[y, x - 1]))]
+            mn = np.int32(EDGE)
+            for d in range(n):
+                v = sgm_value(np.int32(C[y, x, d]), np.int32(row[x - 1, d + 1]), np.int32(row[x - 1, d]),
+                              np.int32(row[x - 1, d + 2]), m, p1, p2e)
+                row[x, d + 1] = v
+                mn = min(mn, v)
+            m = mn
+        buf = np.full((2, n + 2), EDGE, np.uint16)  # L along -x at the previous pixel and this one
+        m = np.int32(EDGE)
+        for d in range(n):
+            v = np.int32(C[y, w - 1, d])
+            buf[0, d + 1] = v
+            S[y, w - 1, d] = row[w - 1, d + 1] + v
+            m = min(m, v)
+        src = 0
+        for x in range(w - 2, -1, -1):
+            p2e = p2tab[abs(np.int32(guide[y, x]) - np.int32(guide[y, x + 1]))]
+            dst = 1 - src
+            mn = np.int32(EDGE)
+            for d in range(n):
+                v = sgm_value(np.int32(C[y, x, d]), np.int32(buf[src, d + 1]), np.int32(buf[src, d]),
+                              np.int32(buf[src, d + 2]), m, p1, p2e)
+                buf[dst, d + 1] = v
+                S[y, x, d] = row[x, d + 1] + v
+                mn = min(mn, v)
+            m = mn
+            src = dst
+
+
+@njit(parallel=True, cache=CACHE)
+def sgm_rows_cpu(C, guide, p1, p2tab, S, dxs, dy):
+    """S += L(r) for the directions r = (dxs[k], dy), dy = 1 (from the row above: a pass
+    downwards) or -1 (a pass upwards). Row by row; the pixels of a row in parallel, each
+    from the previous row's path costs (`lines[parity, k, x]`, EDGE-padded)."""
+    h, w, n = C.shape
+    nd = dxs.shape[0]
+    lines = np.full((2, nd, w, n + 2), EDGE, np.uint16)
+    mins = np.zeros((2, nd, w), np.int32)
+    for i in range(h):
+        y = i if dy > 0 else h - 1 - i
+        dst = i & 1
+        src = 1 - dst
+        for x in prange(w):
+            for k in range(nd):
+                px = x - dxs[k]
+                mn = np.int32(EDGE)
+                if i == 0 or px < 0 or px >= w:  # the first pixel of its line: L = C
+                    for d in range(n):
+                        v = np.int32(C[y, x, d])
+                        lines[dst, k, x, d + 1] = v
+                        S[y, x, d] += v
+                        mn = min(mn, v)
+                else:
+                    p2e = p2tab[abs(np.int32(guide[y, x]) - np.int32(guide[y - dy, px]))]
+                    m = mins[src, k, px]
+                    for d in range(n):
+                        v = sgm_value(np.int32(C[y, x, d]), np.int32(lines[src, k, px, d + 1]),
+                                      np.int32(lines[src, k, px, d]), np.int32(lines[src, k, px, d + 2]), m, p1, p2e)
+                        lines[dst, k, x, d + 1] = v
+                        S[y, x, d] += v
+                        mn = min(mn, v)
+                mins[dst, k, x] = mn
+
+
+def p2_table(p1, p2, adaptive):
+    """P2 by grey step 0..255 (penalty2 divides: once here, not per pixel)."""
+    return np.array([penalty2(p1, p2, adaptive, s, 0) for s in range(256)], np.int32)
+
+
+def sgm_cpu(C, guide, p1, p2, adaptive, paths):
+    """The uint16 sum over `paths` (4 or 8) directions in three sweeps (see above)."""
+    h, w, n = C.shape
+    S = np.empty((h, w, n), np.uint16)
+    p2tab = p2_table(p1, p2, adaptive)
+    sgm_horizontal_cpu(C, guide, np.int32(p1), p2tab, S)
+    dxs = np.array([0] if paths == 4 else [0, 1, -1], np.int64)
+    sgm_rows_cpu(C, guide, np.int32(p1), p2tab, S, dxs, 1)
+    sgm_rows_cpu(C, guide, np.int32(p1), p2tab, S, dxs, -1)
+    return S
