@@ -173,10 +173,10 @@ def box_sum_u8_cpu(C, r):
 # cost volume 8 times and read and write the sum 16 times. The sweeps below give the
 # same sums (the same recursion per direction; integer sums do not depend on their
 # order) with the volumes touched 3 and 5 times: one pass over rows for both horizontal
-# directions (rows in parallel), then one raster pass downwards for every direction
-# that comes from the row above, and one upwards for those from the row below (the
-# pixels of a row in parallel), each keeping only the previous row's path costs. This
-# is how OpenCV's 8-path mode walks the image, with the rows' pixels shared out.
+# directions (rows in parallel), then a raster pass downwards for every direction that
+# comes from the row above and, in the same steps, one upwards for those from the row
+# below (the pixels of the two rows in parallel), each keeping only the previous row's
+# path costs. OpenCV's 8-path mode walks the image this way, on one thread.
 
 
 @njit(parallel=True, cache=CACHE)
@@ -223,39 +223,58 @@ def sgm_horizontal_cpu(C, guide, p1, p2tab, S):
             src = dst
 
 
+@njit(cache=CACHE, inline="always")
+def _row_pixel(C, guide, p1, p2tab, S, lines, mins, src, dst, q, first, y, x, dxs, dy):
+    """S[y, x] += L(r)[y, x] for r = (dxs[k], dy), from the previous row's path costs of
+    sweep q (lines[src, q, k, x], EDGE-padded; mins its minima); `first`: y is the
+    sweep's first row."""
+    h, w, n = C.shape
+    for k in range(dxs.shape[0]):
+        px = x - dxs[k]
+        mn = np.int32(EDGE)
+        if first or px < 0 or px >= w:  # the first pixel of its line: L = C
+            for d in range(n):
+                v = np.int32(C[y, x, d])
+                lines[dst, q, k, x, d + 1] = v
+                S[y, x, d] += v
+                mn = min(mn, v)
+        else:
+            p2e = p2tab[abs(np.int32(guide[y, x]) - np.int32(guide[y - dy, px]))]
+            m = mins[src, q, k, px]
+            for d in range(n):
+                v = sgm_value(np.int32(C[y, x, d]), np.int32(lines[src, q, k, px, d + 1]),
+                              np.int32(lines[src, q, k, px, d]), np.int32(lines[src, q, k, px, d + 2]), m, p1, p2e)
+                lines[dst, q, k, x, d + 1] = v
+                S[y, x, d] += v
+                mn = min(mn, v)
+        mins[dst, q, k, x] = mn
+
+
 @njit(parallel=True, cache=CACHE)
-def sgm_rows_cpu(C, guide, p1, p2tab, S, dxs, dy):
-    """S += L(r) for the directions r = (dxs[k], dy), dy = 1 (from the row above: a pass
-    downwards) or -1 (a pass upwards). Row by row; the pixels of a row in parallel, each
-    from the previous row's path costs (`lines[parity, k, x]`, EDGE-padded)."""
+def sgm_vertical_cpu(C, guide, p1, p2tab, S, dxs):
+    """S += L(r) for r = (dxs[k], 1) (from the row above: a sweep down) and (dxs[k], -1)
+    (from the row below: a sweep up). Step i takes row i of the sweep down and row
+    h - 1 - i of the sweep up, all their pixels in parallel (one fork per step, not per
+    row and sweep); each pixel from the previous row's path costs of its sweep."""
     h, w, n = C.shape
     nd = dxs.shape[0]
-    lines = np.full((2, nd, w, n + 2), EDGE, np.uint16)
-    mins = np.zeros((2, nd, w), np.int32)
+    lines = np.full((2, 2, nd, w, n + 2), EDGE, np.uint16)  # [parity, sweep, direction, x, 1 + d]
+    mins = np.zeros((2, 2, nd, w), np.int32)
     for i in range(h):
-        y = i if dy > 0 else h - 1 - i
         dst = i & 1
         src = 1 - dst
-        for x in prange(w):
-            for k in range(nd):
-                px = x - dxs[k]
-                mn = np.int32(EDGE)
-                if i == 0 or px < 0 or px >= w:  # the first pixel of its line: L = C
-                    for d in range(n):
-                        v = np.int32(C[y, x, d])
-                        lines[dst, k, x, d + 1] = v
-                        S[y, x, d] += v
-                        mn = min(mn, v)
+        down, up = i, h - 1 - i
+        if down != up:
+            for j in prange(2 * w):
+                if j < w:
+                    _row_pixel(C, guide, p1, p2tab, S, lines, mins, src, dst, 0, i == 0, down, j, dxs, 1)
                 else:
-                    p2e = p2tab[abs(np.int32(guide[y, x]) - np.int32(guide[y - dy, px]))]
-                    m = mins[src, k, px]
-                    for d in range(n):
-                        v = sgm_value(np.int32(C[y, x, d]), np.int32(lines[src, k, px, d + 1]),
-                                      np.int32(lines[src, k, px, d]), np.int32(lines[src, k, px, d + 2]), m, p1, p2e)
-                        lines[dst, k, x, d + 1] = v
-                        S[y, x, d] += v
-                        mn = min(mn, v)
-                mins[dst, k, x] = mn
+                    _row_pixel(C, guide, p1, p2tab, S, lines, mins, src, dst, 1, i == 0, up, j - w, dxs, -1)
+        else:  # the middle row of an odd height: both sweeps add to it, one after the other
+            for x in prange(w):
+                _row_pixel(C, guide, p1, p2tab, S, lines, mins, src, dst, 0, i == 0, down, x, dxs, 1)
+            for x in prange(w):
+                _row_pixel(C, guide, p1, p2tab, S, lines, mins, src, dst, 1, i == 0, up, x, dxs, -1)
 
 
 def p2_table(p1, p2, adaptive):
@@ -269,7 +288,5 @@ def sgm_cpu(C, guide, p1, p2, adaptive, paths):
     S = np.empty((h, w, n), np.uint16)
     p2tab = p2_table(p1, p2, adaptive)
     sgm_horizontal_cpu(C, guide, np.int32(p1), p2tab, S)
-    dxs = np.array([0] if paths == 4 else [0, 1, -1], np.int64)
-    sgm_rows_cpu(C, guide, np.int32(p1), p2tab, S, dxs, 1)
-    sgm_rows_cpu(C, guide, np.int32(p1), p2tab, S, dxs, -1)
+    sgm_vertical_cpu(C, guide, np.int32(p1), p2tab, S, np.array([0] if paths == 4 else [0, 1, -1], np.int64))
     return S
