@@ -122,8 +122,7 @@ class CpuBackend:
         return refine.lr_check_cpu(disp, disp_r, np.float32(max_diff))
 
     def speckle(self, disp, max_size, max_diff):
-        labels, sizes = refine.speckle_labels_cpu(disp, np.float32(max_diff))
-        return refine.speckle_apply_cpu(disp, labels, sizes, max_size)
+        return refine.speckle_apply_cpu(disp, refine.speckle_sizes_cpu(disp, np.float32(max_diff)), max_size)
 
     def keep_confidence(self, conf, disp):
         return refine.keep_confidence_cpu(conf, disp)

@@ -207,51 +207,96 @@ def fill_cpu(disp, mode):
     return out
 
 
+SPECKLE_BANDS = 64  # bands of rows labelled in parallel by speckle_sizes_cpu
+
+
+@njit(cache=CACHE, inline="always")
+def _joined(disp, y, x, yy, xx, max_diff):
+    """Whether two neighbouring pixels are in one speckle region: both valid, close enough."""
+    v = disp[y, x]
+    u = disp[yy, xx]
+    return v == v and u == u and abs(u - v) <= max_diff
+
+
 @njit(cache=CACHE)
-def speckle_labels_cpu(disp, max_diff):
-    """4-connected regions of valid pixels whose neighbours differ by at most max_diff.
-    Returns (labels int32 HxW, -1 invalid; sizes per label)."""
-    h, w = disp.shape
-    labels = np.full((h, w), -1, np.int32)
-    sizes = np.zeros(h * w, np.int32)
-    stack = np.empty(h * w, np.int32)
-    n = 0
-    for y0 in range(h):
-        for x0 in range(w):
-            if labels[y0, x0] >= 0 or not disp[y0, x0] == disp[y0, x0]:
-                continue
-            labels[y0, x0] = n
-            top = 0
-            stack[0] = y0 * w + x0
-            top = 1
-            size = 0
-            while top > 0:
-                top -= 1
-                p = stack[top]
-                y = p // w
-                x = p - y * w
-                size += 1
-                v = disp[y, x]
-                for k in range(4):
-                    yy = y + (1 if k == 0 else (-1 if k == 1 else 0))
-                    xx = x + (1 if k == 2 else (-1 if k == 3 else 0))
-                    if yy >= 0 and yy < h and xx >= 0 and xx < w and labels[yy, xx] < 0:
-                        u = disp[yy, xx]
-                        if u == u and abs(u - v) <= max_diff:
-                            labels[yy, xx] = n
-                            stack[top] = yy * w + xx
-                            top += 1
-            sizes[n] = size
-            n += 1
-    return labels, sizes[:n]
+def _root(parent, a):
+    while parent[a] != a:
+        parent[a] = parent[parent[a]]
+        a = parent[a]
+    return a
 
 
 @njit(parallel=True, cache=CACHE)
-def speckle_apply_cpu(disp, labels, sizes, max_size):
+def speckle_sizes_cpu(disp, max_diff):
+    """For every pixel, the size of its 4-connected region of valid pixels whose
+    neighbours differ by at most max_diff (0 for an invalid pixel) -> int32 HxW.
+    Bands of rows are flood-filled in parallel, each region labelled by the index of
+    its first pixel; regions that meet across a band's edge are then joined (union-find
+    over the edge pixels) and their sizes added: the same regions as one flood fill."""
+    h, w = disp.shape
+    labels = np.full(h * w, -1, np.int32)
+    sizes = np.zeros(h * w, np.int32)  # by label: pixels within its band
+    bands = min(SPECKLE_BANDS, h)
+    for b in prange(bands):
+        y_lo = b * h // bands
+        y_hi = (b + 1) * h // bands
+        stack = np.empty((y_hi - y_lo) * w, np.int32)
+        for y0 in range(y_lo, y_hi):
+            for x0 in range(w):
+                p0 = y0 * w + x0
+                if labels[p0] >= 0 or not disp[y0, x0] == disp[y0, x0]:
+                    continue
+                labels[p0] = p0
+                stack[0] = p0
+                top = 1
+                size = 0
+                while top > 0:
+                    top -= 1
+                    p = stack[top]
+                    y = p // w
+                    x = p - y * w
+                    size += 1
+                    for k in range(4):
+                        yy = y + (1 if k == 0 else (-1 if k == 1 else 0))
+                        xx = x + (1 if k == 2 else (-1 if k == 3 else 0))
+                        if yy >= y_lo and yy < y_hi and xx >= 0 and xx < w and labels[yy * w + xx] < 0 \
+                                and _joined(disp, y, x, yy, xx, max_diff):
+                            labels[yy * w + xx] = p0
+                            stack[top] = yy * w + xx
+                            top += 1
+                sizes[p0] = size
+    parent = np.arange(h * w, dtype=np.int32)  # union-find over labels (only labels are used)
+    for b in range(1, bands):
+        y = b * h // bands  # the band's first row, below the previous band's last
+        for x in range(w):
+            if _joined(disp, y - 1, x, y, x, max_diff):
+                ra = _root(parent, labels[(y - 1) * w + x])
+                rb = _root(parent, labels[y * w + x])
+                if ra != rb:
+                    parent[max(ra, rb)] = min(ra, rb)
+    total = np.zeros(h * w, np.int32)
+    for p in range(h * w):
+        if labels[p] == p:
+            total[_root(parent, p)] += sizes[p]
+    for p in range(h * w):  # each label's region size (here, not in the parallel loop: _root writes)
+        if labels[p] == p:
+            sizes[p] = total[_root(parent, p)]
+    out = np.zeros((h, w), np.int32)
+    for y in prange(h):
+        for x in range(w):
+            lab = labels[y * w + x]
+            if lab >= 0:
+                out[y, x] = sizes[lab]
+    return out
+
+
+@njit(parallel=True, cache=CACHE)
+def speckle_apply_cpu(disp, region_sizes, max_size):
+    """NaN where the pixel's region (speckle_sizes_cpu) has at most max_size pixels."""
     h, w = disp.shape
     out = np.empty_like(disp)
     for y in prange(h):
         for x in range(w):
-            lab = labels[y, x]
-            out[y, x] = np.float32(math.nan) if lab < 0 or sizes[lab] <= max_size else disp[y, x]
+            n = region_sizes[y, x]
+            out[y, x] = np.float32(math.nan) if n == 0 or n <= max_size else disp[y, x]
     return out
