@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from . import io, metrics, pipeline
-from .errors import StereoError
+from .errors import StereoError, raise_interrupt  # noqa: F401  (raise_interrupt: also for cluster)
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".pgm", ".ppm", ".pnm", ".webp"}
 
@@ -566,16 +566,6 @@ _END = object()
 
 def _here(fn, *args, **kw):
     return fn(*args, **kw)
-
-
-def raise_interrupt(e: BaseException) -> None:
-    """Ctrl-C that lands inside a Numba-compiled call comes out as a SystemError whose
-    context is the KeyboardInterrupt: raise that, so it stops the batch like any Ctrl-C
-    instead of failing one pair."""
-    while e is not None:
-        if isinstance(e, KeyboardInterrupt):
-            raise KeyboardInterrupt from None
-        e = e.__cause__ or e.__context__
 
 
 def error_text(e: BaseException) -> str:

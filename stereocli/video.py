@@ -25,7 +25,7 @@ import cv2
 import numpy as np
 
 from . import io, pipeline
-from .errors import StereoError
+from .errors import StereoError, raise_interrupt
 
 # FFmpeg's own log lines (e.g. "moov atom not found") would come before our one-line error;
 # read when OpenCV first opens a video, so set before any capture
@@ -272,11 +272,14 @@ def run(source: Source, params, backend, outputs: VideoOutputs, *, max_frames: i
                 if note not in stats.notes:
                     stats.notes.append(note)
             done.put(result.disparity)
+    except Exception as e:  # noqa: BLE001 (raised below, once the threads have stopped)
+        try:
+            raise_interrupt(e)  # Ctrl-C inside compiled code
+            failure.insert(0, e)
+        except KeyboardInterrupt as k:
+            interrupted = k
     except KeyboardInterrupt as e:
         interrupted = e
-        stats.interrupted = True
-    except Exception as e:  # noqa: BLE001 (raised below, once the threads have stopped)
-        failure.insert(0, e)
     finally:
         stop.set()
         while reader.is_alive():  # unblock a reader waiting on a full queue
@@ -290,6 +293,7 @@ def run(source: Source, params, backend, outputs: VideoOutputs, *, max_frames: i
         if writer is not None:
             writer.release()
     stats.seconds = time.perf_counter() - start
+    stats.interrupted = interrupted is not None
     keep = not failure and (interrupted is None or source.camera)
     if tmp is not None:
         if keep and stats.frames and tmp.exists():

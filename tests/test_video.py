@@ -88,3 +88,35 @@ def test_bad_video_input_is_one_line_exit_2_and_no_output(tmp_path, videos, case
     assert r.returncode == 2, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
     assert list(out.parent.iterdir()) == []
+
+
+def test_ctrl_c_on_a_video_file_leaves_no_video(tmp_path, videos):
+    """A video file interrupted half-way: exit 130, and no video (whole or partial) under
+    any name; the maps written so far are whole."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    d, frames = videos
+    long = tmp_path / "long.avi"
+    v = cv2.VideoWriter(str(long), cv2.VideoWriter_fourcc(*"FFV1"), 12, (frames[0].shape[1], frames[0].shape[0]))
+    for _ in range(200):
+        for f in frames:
+            v.write(f)
+    v.release()
+    out = tmp_path / "out"
+    out.mkdir()
+    p = subprocess.Popen([sys.executable, "-m", "stereocli.cli", "video", str(long), "-o", str(out / "d.mp4"),
+                          "--maps-dir", str(out / "maps"), "-n", "16", "--device", "cpu"],
+                         stderr=subprocess.PIPE, text=True)
+    maps_dir = out / "maps"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (maps_dir.exists() and any(maps_dir.glob("*.png"))):
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    assert [x.name for x in out.iterdir()] == ["maps"]
+    maps = sorted(maps_dir.iterdir())
+    assert 0 < len(maps) < 1000 and all(m.name == f"{i:06d}.png" for i, m in enumerate(maps))  # no temporary file
+    assert all(io.read_disparity(m).shape == (96, 160) for m in maps)
