@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from . import io, metrics, pipeline
-from .errors import StereoError, raise_interrupt  # noqa: F401  (raise_interrupt: also for cluster)
+from .errors import StereoError, raise_interrupt
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".pgm", ".ppm", ".pnm", ".webp"}
 
