@@ -84,7 +84,7 @@ class Summary:
     compute_ms: float = 0.0
     write_ms: float = 0.0
     startup_s: float | None = None  # on a Dask cluster: until the workers were ready
-    workers: dict = field(default_factory=dict)  # on a Dask cluster: worker -> {"pairs", "compute_ms"}
+    workers: dict = field(default_factory=dict)  # on a Dask cluster: worker -> {"ok", "failed", "skipped", "compute_ms"}
 
     def record(self, ev: dict, counts: dict | None = None) -> dict:
         """Count one finished pair (its event dict) and return the event, with metrics added."""
@@ -363,10 +363,7 @@ def collect_pairs(folders, out_dir, ext: str, *, pairs_file=None, sbs=False, lef
         check_outputs(pairs)
     for folder in (out_dir, *(extras.get(k) for k in EXTRA_DIRS if extras)):
         if folder and not io.is_url(folder):
-            try:
-                Path(folder).mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise StereoError(f"cannot create the output folder {folder}: {e.strerror}") from None
+            io.make_folder(folder)
     return pairs
 
 

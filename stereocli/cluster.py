@@ -21,6 +21,7 @@ scheduler stays small for any number of pairs, and Ctrl-C only waits for those.
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -50,9 +51,7 @@ def _require_dask():
 
 # ------------------------------------------------------------------ on the worker
 
-_MALLOC_TUNED = []
-
-
+@functools.cache
 def _tune_malloc():
     """Give glibc's allocator back the thresholds it has outside Dask. A Dask nanny starts
     its worker with MALLOC_TRIM_THRESHOLD_=65536 (distributed.nanny.pre-spawn-environ),
@@ -60,9 +59,6 @@ def _tune_malloc():
     mmap, faulted in page by page, and freed to the OS again; a batch of 384x288 pairs
     ran at 0.65x the rate of the same process without that variable. Called once per
     worker process; a no-op off glibc."""
-    if _MALLOC_TUNED:
-        return
-    _MALLOC_TUNED.append(True)
     try:
         import ctypes
         libc = ctypes.CDLL("libc.so.6")

@@ -217,7 +217,7 @@ def check_output_path(path: str | os.PathLike, fmt: str | None = None) -> tuple[
     if ext not in DISPARITY_FORMATS:
         raise StereoError(f"{p}: cannot write disparity as {ext or 'a file without extension'!r}; "
                           f"use one of {', '.join(DISPARITY_FORMATS)}")
-    _check_folder(p)
+    check_folder(p)
     return p, ext
 
 
@@ -386,7 +386,15 @@ def colorize(disp: np.ndarray, min_disparity: float | None = None, max_disparity
     return cv2.bitwise_and(out, out, mask=valid.view(np.uint8))  # black where invalid
 
 
-def _check_folder(p: Path) -> None:
+def make_folder(folder) -> None:
+    """Create an output folder (and its parents), or a StereoError saying why not."""
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise StereoError(f"cannot create the output folder {folder}: {e.strerror}") from None
+
+
+def check_folder(p: Path) -> None:
     """An output's folder must exist before any work."""
     folder = p.parent if str(p.parent) else Path(".")
     if not folder.is_dir():
@@ -397,7 +405,7 @@ def check_preview_path(path: str | os.PathLike) -> Path:
     p = Path(path)
     if p.suffix.lower() not in (".png", ".jpg", ".jpeg"):
         raise StereoError(f"{p}: a picture must be .png or .jpg")
-    _check_folder(p)
+    check_folder(p)
     return p
 
 
@@ -405,7 +413,7 @@ def check_ply_path(path: str | os.PathLike) -> Path:
     p = Path(path)
     if p.suffix.lower() != ".ply":
         raise StereoError(f"{p}: the file name must end in .ply")
-    _check_folder(p)
+    check_folder(p)
     return p
 
 
@@ -422,7 +430,7 @@ def check_image_path(path: str | os.PathLike) -> Path:
     if p.suffix.lower() not in IMAGE_FORMATS:
         raise StereoError(f"{p}: cannot write an image as {p.suffix or 'a file without extension'!r}; "
                           f"use one of {', '.join(IMAGE_FORMATS)}")
-    _check_folder(p)
+    check_folder(p)
     return p
 
 

@@ -19,11 +19,7 @@ def counts(est: np.ndarray, gt: np.ndarray, mask: np.ndarray | None = None,
            max_disparity: float | None = None) -> dict:
     """Integer and float sums behind the metrics of one map (add them to combine maps)."""
     est, gt = _same_size(est, gt)
-    known = np.isfinite(gt)
-    if max_disparity is not None:
-        known &= gt <= max_disparity
-    if mask is not None:
-        known &= mask.astype(bool)
+    known = _known(gt, mask, max_disparity)
     have = known & np.isfinite(est)
     err = np.abs(est - gt)[have]
     out = {"pixels": int(known.sum()), "estimated": int(have.sum()),
@@ -43,6 +39,16 @@ def _same_size(est, gt):
         raise StereoError(f"estimate is {est.shape[1]}x{est.shape[0]} but ground truth is "
                           f"{gt.shape[1]}x{gt.shape[0]}")
     return est, gt
+
+
+def _known(gt, mask, max_disparity):
+    """The pixels the metrics count: ground truth known, inside `mask`, not above max_disparity."""
+    known = np.isfinite(gt)
+    if max_disparity is not None:
+        known &= gt <= max_disparity
+    if mask is not None:
+        known &= mask.astype(bool)
+    return known
 
 
 def add(a: dict | None, b: dict) -> dict:
@@ -88,11 +94,7 @@ def confidence_ranking(conf: np.ndarray, est: np.ndarray, gt: np.ndarray, mask: 
         from .errors import StereoError
         raise StereoError(f"the confidence map is {conf.shape[1]}x{conf.shape[0]} but ground truth is "
                           f"{gt.shape[1]}x{gt.shape[0]}")
-    known = np.isfinite(gt)
-    if max_disparity is not None:
-        known &= gt <= max_disparity
-    if mask is not None:
-        known &= mask.astype(bool)
+    known = _known(gt, mask, max_disparity)
     bad = ~(np.abs(est[known] - gt[known]) <= t)  # NaN (missing) counts as bad
     return np.nan_to_num(conf[known], nan=0.0), bad
 

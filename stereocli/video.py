@@ -139,17 +139,13 @@ class VideoOutputs:
             if video.suffix.lower() not in CODECS:
                 raise StereoError(f"{video}: cannot write a video as {video.suffix or 'a file without extension'!r}; "
                                   f"use one of {', '.join(CODECS)}")
-            if not video.parent.is_dir() and str(video.parent) not in ("", "."):
-                raise StereoError(f"the folder of {video} does not exist; create it first")
+            io.check_folder(video)
         ext = "." + fmt
         if maps_dir is not None:
             maps_dir = Path(maps_dir)
             if ext == ".png":
                 io.check_png_range(params.min_disparity, params.max_disparity)
-            try:
-                maps_dir.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise StereoError(f"cannot create the folder {maps_dir}: {e.strerror}") from None
+            io.make_folder(maps_dir)
         return cls(video, maps_dir, ext, float(params.min_disparity), float(params.max_disparity), every)
 
 

@@ -99,14 +99,7 @@ class CpuBackend:
         return aggregate.box_sum_u8_cpu(vol, r)
 
     def sgm(self, vol, guide, p1, p2, adaptive, paths):
-        if paths in (4, 8):
-            return aggregate.sgm_cpu(vol, guide, p1, p2, adaptive, paths)
-        h, w, n = vol.shape
-        s = np.empty((h, w, n), np.uint16)
-        for i, (dx, dy) in enumerate(aggregate.direction_pairs(paths)):
-            starts = aggregate.line_starts(h, w, dx, dy)
-            aggregate.sgm_line_pair_cpu(vol, guide, p1, p2, adaptive, s, dx, dy, starts, i == 0)
-        return s
+        return aggregate.sgm_cpu(vol, guide, p1, p2, adaptive, paths)
 
     def sgm_bytes_per_element(self, paths):
         return 2

@@ -46,11 +46,15 @@ def eval_cmd(estimate, ground_truth, mask, max_disparity, as_json, error_map, co
     import numpy as np
 
     from .. import io, metrics
+
+    def maps_by_stem(folder):
+        return {p.stem: p for p in sorted(folder.iterdir()) if p.suffix.lower() in io.DISPARITY_FORMATS}
+
     est_p, gt_p = Path(estimate), Path(ground_truth)
     if est_p.is_dir() != gt_p.is_dir():
         raise StereoError("give two files or two folders")
     if est_p.is_dir():
-        gts = {p.stem: p for p in sorted(gt_p.iterdir()) if p.suffix.lower() in io.DISPARITY_FORMATS}
+        gts = maps_by_stem(gt_p)
         pairs = [(p, gts[p.stem]) for p in sorted(est_p.iterdir()) if p.stem in gts
                  and p.suffix.lower() in io.DISPARITY_FORMATS]
         if not pairs:
@@ -59,7 +63,7 @@ def eval_cmd(estimate, ground_truth, mask, max_disparity, as_json, error_map, co
         pairs = [(est_p, gt_p)]
     if error_map:
         if est_p.is_dir():
-            Path(error_map).mkdir(parents=True, exist_ok=True)
+            io.make_folder(error_map)
         else:
             io.check_preview_path(error_map)
     conf_files = {}
@@ -68,7 +72,7 @@ def eval_cmd(estimate, ground_truth, mask, max_disparity, as_json, error_map, co
         if conf_p.is_dir() != est_p.is_dir():
             raise StereoError("--confidence is a file for two files, a folder for two folders")
         if conf_p.is_dir():
-            conf_files = {p.stem: p for p in conf_p.iterdir() if p.suffix.lower() in io.DISPARITY_FORMATS}
+            conf_files = maps_by_stem(conf_p)
             missing = [e.stem for e, _ in pairs if e.stem not in conf_files]
             if missing:
                 raise StereoError(f"{conf_p} has no confidence map named {missing[0]} (of {len(missing)} missing); "

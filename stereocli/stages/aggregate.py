@@ -104,14 +104,18 @@ def line_starts(h: int, w: int, dx: int, dy: int) -> np.ndarray:
     return np.stack([y[start], x[start]], axis=1).astype(np.int32)
 
 
+def p2_table(p1, p2, adaptive):
+    """P2 by grey step 0..255 (penalty2 divides: once here, not per pixel); the GPU
+    uploads the same table."""
+    return np.array([penalty2(p1, p2, adaptive, s, 0) for s in range(256)], np.int32)
+
+
 @njit(parallel=True, cache=CACHE)
-def sgm_line_pair_cpu(C, guide, p1, p2, adaptive, S, dx, dy, starts, first):
+def sgm_line_pair_cpu(C, guide, p1, p2tab, S, dx, dy, starts, first):
     """Aggregates the paths r = (dx, dy) and -r into S (S = ... when `first`, else
-    S += ...). One task per line: walk it along r, then back along -r."""
+    S += ...), P2 from p2tab (p2_table). One task per line: walk it along r, then back
+    along -r."""
     h, w, n = C.shape
-    p2tab = np.empty(256, np.int32)  # P2 by grey step (penalty2 divides: once here, not per pixel)
-    for step in range(256):
-        p2tab[step] = penalty2(p1, p2, adaptive, step, 0)
     for i in prange(starts.shape[0]):
         buf = np.full((2, n + 2), EDGE, np.uint16)  # the path's L at the previous pixel (row src) and this one
         y, x = _walk(C, S, guide, starts[i, 0], starts[i, 1], dx, dy, buf, p1, p2tab, first)
@@ -277,16 +281,16 @@ def sgm_vertical_cpu(C, guide, p1, p2tab, S, dxs):
                 _row_pixel(C, guide, p1, p2tab, S, lines, mins, src, dst, 1, i == 0, up, x, dxs, -1)
 
 
-def p2_table(p1, p2, adaptive):
-    """P2 by grey step 0..255 (penalty2 divides: once here, not per pixel)."""
-    return np.array([penalty2(p1, p2, adaptive, s, 0) for s in range(256)], np.int32)
-
-
 def sgm_cpu(C, guide, p1, p2, adaptive, paths):
-    """The uint16 sum over `paths` (4 or 8) directions in three sweeps (see above)."""
+    """The uint16 sum over `paths` directions: 4 or 8 in three sweeps (see above); 16
+    (whose knight-move lines skip rows) line by line."""
     h, w, n = C.shape
     S = np.empty((h, w, n), np.uint16)
     p2tab = p2_table(p1, p2, adaptive)
-    sgm_horizontal_cpu(C, guide, np.int32(p1), p2tab, S)
-    sgm_vertical_cpu(C, guide, np.int32(p1), p2tab, S, np.array([0] if paths == 4 else [0, 1, -1], np.int64))
+    if paths in (4, 8):
+        sgm_horizontal_cpu(C, guide, np.int32(p1), p2tab, S)
+        sgm_vertical_cpu(C, guide, np.int32(p1), p2tab, S, np.array([0] if paths == 4 else [0, 1, -1], np.int64))
+        return S
+    for i, (dx, dy) in enumerate(direction_pairs(paths)):
+        sgm_line_pair_cpu(C, guide, np.int32(p1), p2tab, S, dx, dy, line_starts(h, w, dx, dy), i == 0)
     return S

@@ -329,8 +329,7 @@ class CudaBackend:
         """P2 for every grey step 0..255, from the shared penalty2 (so the values are the CPU's)."""
         key = ("p2", p1, p2, bool(adaptive))
         if key not in self._tables:
-            self._tables[key] = self.upload(np.array([aggregate.penalty2(p1, p2, adaptive, s, 0)
-                                                      for s in range(256)], np.int32))
+            self._tables[key] = self.upload(aggregate.p2_table(p1, p2, adaptive))
         return self._tables[key]
 
     def _lines(self, h, w, paths):
