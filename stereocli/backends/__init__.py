@@ -7,8 +7,10 @@ module per stage, named like the stages).
 """
 from __future__ import annotations
 
+import atexit
 import os
 import sys
+import threading
 
 from ..errors import StereoError
 
@@ -44,6 +46,8 @@ def get_backend(device: str = "auto", warn=None):
     if device not in ("auto", "cpu", "cuda"):
         raise StereoError(f"--device must be auto, cpu or cuda, not {device!r}")
     if device in ("auto", "cuda"):
+        if not _surely_no_gpu():
+            _prepare_cuda_compiler()
         ok, why = cuda_status()
         if ok and device == "auto" and _simulator():
             ok, why = False, "NUMBA_ENABLE_CUDASIM=1 (the CUDA simulator is for tests; ask for it with --device cuda)"
@@ -55,6 +59,40 @@ def get_backend(device: str = "auto", warn=None):
             warn(f"using the CPU: {why}")
     from .cpu import CpuBackend
     return CpuBackend()
+
+
+_PREPARING = []
+
+
+def _prepare_cuda_compiler() -> None:
+    """Load numba-cuda's typing and lowering registries in a thread, once per process.
+
+    The first kernel call does it otherwise, even when every kernel comes from the
+    cache: about 1.3 s of Python imports on the H100 machine's host (half of it SciPy,
+    which numba-cuda imports where it is installed). Started by get_backend before it
+    probes the driver, it overlaps the driver's start-up and the creation of the GPU
+    context (C calls that release the GIL). It holds the compiler lock, so a kernel
+    call waits for it instead of racing it."""
+    if _PREPARING or _simulator():
+        return
+    try:  # imported here, not in the thread: two threads importing one package can deadlock
+        from numba.cuda.core.compiler_lock import global_compiler_lock
+        from numba.cuda.descriptor import cuda_target
+    except Exception:  # noqa: BLE001 - not importable, or another layout: the first kernel call does it
+        return
+
+    def work():
+        try:
+            with global_compiler_lock:
+                cuda_target.typing_context.refresh()
+                cuda_target.target_context.refresh()
+        except Exception:  # noqa: BLE001 - the first kernel call does it again and reports what fails
+            pass
+
+    t = threading.Thread(target=work, name="stereo-cuda-prepare", daemon=True)
+    _PREPARING.append(t)
+    t.start()
+    atexit.register(t.join)  # never end the process in the middle of its imports
 
 
 _CUDA = []

@@ -106,8 +106,9 @@ def line_starts(h: int, w: int, dx: int, dy: int) -> np.ndarray:
 
 def p2_table(p1, p2, adaptive):
     """P2 by grey step 0..255 (penalty2 divides: once here, not per pixel); the GPU
-    uploads the same table."""
-    return np.array([penalty2(p1, p2, adaptive, s, 0) for s in range(256)], np.int32)
+    uploads the same table. Computed by penalty2's Python source: calling the compiled
+    function would load Numba's CPU target (about 0.4 s) in every GPU run."""
+    return np.array([penalty2.py_func(p1, p2, adaptive, s, 0) for s in range(256)], np.int32)
 
 
 @njit(parallel=True, cache=CACHE)
