@@ -2,9 +2,10 @@
 cones scene panning, resized to SIZE (default 1280x720), N frames, matched with the
 default preset; whole command (process start and kernel loading included) and the
 command's own end-to-end rate (first decode to last encode), with ms per frame of
-decoding, matching and encoding. One JSON line per device.
+decoding, matching, colouring and encoding. One JSON line per device and input.
 
-    python benchmarks/video.py [--size 1280x720] [-n 128] [--frames 120] [--device cpu cuda] [--quick]
+    python benchmarks/video.py [--size 1280x720] [-n 128] [--frames 120] [--device cpu cuda]
+                               [--input mp4v ffv1] [--quick]
 
 Also a line per device with the pipeline's per-stage ms on one frame (the best of 10
 runs in this process), to see what bounds the rate.
@@ -24,11 +25,16 @@ import numpy as np
 from common import DATA, ROOT, emit
 
 
-def make_video(path: Path, w: int, h: int, frames: int) -> None:
-    """A lossless (FFV1) side-by-side video: the cones pair resized to w x h, panning by 2 px a frame."""
+CODECS = {"mp4v": ".mp4", "ffv1": ".avi"}
+
+
+def make_video(path: Path, w: int, h: int, frames: int, codec: str = "mp4v") -> None:
+    """A side-by-side video: the cones pair resized to w x h, panning by 2 px a frame;
+    MPEG-4 (mp4v: compressed, as cameras and phones record, decoded with FFmpeg's
+    threads) or lossless FFV1 (decoded in one thread: a harder input)."""
     left = cv2.resize(cv2.imread(str(DATA / "cones" / "left.png")), (w, h), interpolation=cv2.INTER_CUBIC)
     right = cv2.resize(cv2.imread(str(DATA / "cones" / "right.png")), (w, h), interpolation=cv2.INTER_CUBIC)
-    v = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"FFV1"), 30, (2 * w, h))
+    v = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*codec.upper() if codec == "ffv1" else codec), 30, (2 * w, h))
     for i in range(frames):
         v.write(np.hstack([np.roll(left, 2 * i, 1), np.roll(right, 2 * i, 1)]))
     v.release()
@@ -53,6 +59,8 @@ def main():
     ap.add_argument("-n", "--num-disparities", type=int, default=128)
     ap.add_argument("--frames", type=int, default=120)
     ap.add_argument("--device", nargs="+", default=["cpu"])
+    ap.add_argument("--input", choices=list(CODECS), nargs="+", default=["mp4v"],
+                    help="codec of the side-by-side input video (default mp4v)")
     ap.add_argument("--quick", action="store_true", help="a tiny video (a check that the script runs)")
     a = ap.parse_args()
     if a.quick:
@@ -61,9 +69,10 @@ def main():
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "STEREOCLI_NO_WORKER": "1"}
     with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "sbs.avi"
-        make_video(src, w, h, a.frames)
-        for device in a.device:
+        for codec, device in [(c, d) for c in a.input for d in a.device]:
+            src = Path(tmp) / f"sbs_{codec}{CODECS[codec]}"
+            if not src.exists():
+                make_video(src, w, h, a.frames, codec)
             cmd = [sys.executable, "-m", "stereocli.cli", "video", str(src), "-o", str(Path(tmp) / "disp.mp4"),
                    "-n", str(a.num_disparities), "--device", device, "--json", "--no-progress"]
             subprocess.run(cmd[:4] + ["--max-frames", "2"] + cmd[4:], env=env, capture_output=True)  # compile
@@ -73,11 +82,13 @@ def main():
             if r.returncode != 0:
                 sys.exit(r.stderr)
             s = json.loads(r.stdout)
-            emit(size=f"{w}x{h}", num_disparities=a.num_disparities, device=device, frames=s["frames"],
+            emit(size=f"{w}x{h}", num_disparities=a.num_disparities, device=device, input=codec, frames=s["frames"],
                  threads=int(os.environ.get("NUMBA_NUM_THREADS", os.cpu_count())),
                  fps_end_to_end=s["fps"], fps_after_first_frame=s["steady_fps"], fps_whole_command=round(s["frames"] / wall, 2),
                  command_s=round(wall, 2), decode_ms=s["decode_ms_per_frame"], match_ms=s["match_ms_per_frame"],
-                 encode_ms=s["encode_ms_per_frame"])
+                 colour_ms=s["colour_ms_per_frame"], encode_ms=s["encode_ms_per_frame"])
+            if codec != a.input[0]:
+                continue
             stages, total = stage_times(w, h, a.num_disparities, device, 2 if a.quick else 10)
             emit(size=f"{w}x{h}", num_disparities=a.num_disparities, device=device, one_frame_ms=total,
                  stages_ms=stages)

@@ -4,8 +4,9 @@
     stats = run(source, params, backend, VideoOutputs.plan("out.mp4", maps_dir=None, ...))
 
 A reader thread decodes the next frames while the calling thread matches one (on the
-CPU or GPU), and a writer thread colours and encodes the maps before it, so the rate
-is that of the slowest of the three, not their sum. The colours span the disparity
+CPU or GPU), a third thread colours the maps before it (and writes them to a folder
+if asked) and a fourth encodes the coloured frames, so the rate is that of the
+slowest of the four, not their sum. The colours span the disparity
 range of `params` (the same on every frame: a colour means one disparity throughout).
 
 The video is written to a hidden file beside OUTPUT and renamed when complete, so an
@@ -156,7 +157,8 @@ class Stats:
     first_s: float = 0.0  # until the first frame was written (kernel loading included)
     decode_ms: float = 0.0  # summed over frames (in the reader thread)
     match_ms: float = 0.0  # summed pipeline time (in the calling thread)
-    encode_ms: float = 0.0  # summed colouring, encoding and map writing (in the writer thread)
+    colour_ms: float = 0.0  # summed colouring and map writing (in the colouring thread)
+    encode_ms: float = 0.0  # summed video encoding (in the encoding thread)
     interrupted: bool = False
     device: str = ""
     strips: int = 1
@@ -179,7 +181,8 @@ class Stats:
                 "steady_fps": round(self.steady_fps, 2), "first_frame_s": round(self.first_s, 3),
                 "width": self.size[0], "height": self.size[1], "device": self.device,
                 "decode_ms_per_frame": round(self.decode_ms / n, 2), "match_ms_per_frame": round(self.match_ms / n, 2),
-                "encode_ms_per_frame": round(self.encode_ms / n, 2), "interrupted": self.interrupted}
+                "colour_ms_per_frame": round(self.colour_ms / n, 2), "encode_ms_per_frame": round(self.encode_ms / n, 2),
+                "interrupted": self.interrupted}
 
 
 _END = object()
@@ -192,7 +195,8 @@ def run(source: Source, params, backend, outputs: VideoOutputs, *, max_frames: i
     keeps it; from a file, removes the partial video and is re-raised."""
     stats = Stats(device=backend.name)
     decoded: queue.Queue = queue.Queue(QUEUE)
-    done: queue.Queue = queue.Queue(QUEUE)
+    done: queue.Queue = queue.Queue(QUEUE)  # maps, to be coloured (and written to maps_dir)
+    coloured: queue.Queue = queue.Queue(QUEUE)  # colour frames, to be encoded
     stop = threading.Event()
     failure: list = []  # the first exception of a helper thread
     tmp = writer = None
@@ -214,8 +218,8 @@ def run(source: Source, params, backend, outputs: VideoOutputs, *, max_frames: i
             failure.append(e)
         decoded.put(_END)
 
-    def write_maps():
-        nonlocal writer
+    def colour_maps():
+        """Colours each map for the video and writes the maps asked for (off the encoder's thread)."""
         try:
             i = 0
             while True:
@@ -223,17 +227,37 @@ def run(source: Source, params, backend, outputs: VideoOutputs, *, max_frames: i
                 if disp is _END:
                     break
                 t = time.perf_counter()
-                if tmp is not None:
+                frame = io.colorize(disp, outputs.lo, outputs.hi) if tmp is not None else None
+                if outputs.maps_dir is not None and i % outputs.every == 0:
+                    io.write_disparity(outputs.maps_dir / f"{i:06d}{outputs.ext}", disp, outputs.ext)
+                stats.colour_ms += (time.perf_counter() - t) * 1e3
+                coloured.put((frame, disp.shape))
+                i += 1
+        except BaseException as e:  # noqa: BLE001 (handed to the calling thread)
+            failure.append(e)
+            stop.set()
+            while done.get() is not _END:  # let the matcher finish putting
+                pass
+        coloured.put(_END)
+
+    def encode():
+        nonlocal writer
+        try:
+            i = 0
+            while True:
+                item = coloured.get()
+                if item is _END:
+                    break
+                frame, (h, w) = item
+                t = time.perf_counter()
+                if frame is not None:
                     if writer is None:
-                        h, w = disp.shape
                         writer = cv2.VideoWriter(str(tmp), cv2.VideoWriter_fourcc(*CODECS[tmp.suffix.lower()]),
                                                  source.fps, (w, h))
                         if not writer.isOpened():
                             raise StereoError(f"OpenCV could not open a {tmp.suffix} video writer for {w}x{h}; "
                                               f"try -o with .avi")
-                    writer.write(io.colorize(disp, outputs.lo, outputs.hi))
-                if outputs.maps_dir is not None and i % outputs.every == 0:
-                    io.write_disparity(outputs.maps_dir / f"{i:06d}{outputs.ext}", disp, outputs.ext)
+                    writer.write(frame)
                 stats.encode_ms += (time.perf_counter() - t) * 1e3
                 i += 1
                 stats.frames = i
@@ -245,14 +269,15 @@ def run(source: Source, params, backend, outputs: VideoOutputs, *, max_frames: i
         except BaseException as e:  # noqa: BLE001
             failure.append(e)
             stop.set()
-            while done.get() is not _END:  # let the matcher finish putting
+            while coloured.get() is not _END:  # let the colouring thread finish putting
                 pass
 
     start = time.perf_counter()
     reader = threading.Thread(target=read_frames, name="stereo-video-read", daemon=True)
-    encoder = threading.Thread(target=write_maps, name="stereo-video-write", daemon=True)
-    reader.start()
-    encoder.start()
+    colourer = threading.Thread(target=colour_maps, name="stereo-video-colour", daemon=True)
+    encoder = threading.Thread(target=encode, name="stereo-video-encode", daemon=True)
+    for thread in (reader, colourer, encoder):
+        thread.start()
     interrupted = None
     try:
         while not stop.is_set():
@@ -284,6 +309,7 @@ def run(source: Source, params, backend, outputs: VideoOutputs, *, max_frames: i
             except queue.Empty:
                 pass
         done.put(_END)
+        colourer.join()
         encoder.join()
         source.close()
         if writer is not None:

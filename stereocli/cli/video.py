@@ -81,7 +81,8 @@ def video(input_, left_in, right_in, output, maps_dir, fmt, every, max_frames, a
     where = " and ".join(str(p) for p in (outputs.video, outputs.maps_dir) if p is not None)
     click.echo(f"stereo: video: {d['frames']} frames {d['width']}x{d['height']} in {d['seconds']:.1f} s, "
                f"{d['fps']:.1f} fps end to end on {stats.device}, {d['steady_fps']:.1f} after the first frame (per frame: decode {d['decode_ms_per_frame']:.1f} "
-               f"ms, match {d['match_ms_per_frame']:.1f} ms, encode {d['encode_ms_per_frame']:.1f} ms) -> {where}"
+               f"ms, match {d['match_ms_per_frame']:.1f} ms, colour {d['colour_ms_per_frame']:.1f} ms, "
+               f"encode {d['encode_ms_per_frame']:.1f} ms) -> {where}"
                + (" (recording stopped by Ctrl-C)" if stats.interrupted else ""), err=True)
     if as_json:
         click.echo(json.dumps({"input": input_ or [left_in, right_in], "output": output,
