@@ -63,6 +63,20 @@ def test_sgm_matches_reference(rng, paths, adaptive):
     np.testing.assert_array_equal(got, ref.sgm(C, guide, 20, 200, adaptive, paths))
 
 
+@pytest.mark.parametrize("paths", [4, 8])
+@pytest.mark.parametrize("h,w", [(9, 11), (17, 5), (4, 40)])
+def test_sgm_vertical_sweeps_by_rows_and_by_lines_match_reference(rng, paths, h, w):
+    """Many threads sweep the vertical paths in blocks of lines, few in raster passes:
+    either way the sums of the reference (tall, wide and square images: lines that
+    start on the top row and on the side columns)."""
+    from stereocli.stages import aggregate
+    C = rng.integers(0, 256, (h, w, 6)).astype(np.uint8)
+    guide = rng.integers(0, 256, (h, w)).astype(np.uint8)
+    want = ref.sgm(C, guide, 20, 200, True, paths)
+    for by_lines in (False, True):
+        np.testing.assert_array_equal(aggregate.sgm_cpu(C, guide, 20, 200, True, paths, by_lines), want)
+
+
 @pytest.mark.parametrize("min_d", [0, -3, 2])
 @pytest.mark.parametrize("uniq,subpix", [(0.0, False), (10.0, True), (40.0, True)])
 def test_wta_matches_reference(rng, min_d, uniq, subpix):
