@@ -120,3 +120,18 @@ def test_ctrl_c_on_a_video_file_leaves_no_video(tmp_path, videos):
     maps = sorted(maps_dir.iterdir())
     assert 0 < len(maps) < 1000 and all(m.name == f"{i:06d}.png" for i, m in enumerate(maps))  # no temporary file
     assert all(io.read_disparity(m).shape == (96, 160) for m in maps)
+
+
+def test_a_map_that_cannot_be_written_stops_the_video_with_one_line_and_no_video(tmp_path, videos):
+    """A failure in the thread that colours and writes the maps (here: a folder where the
+    third map must go) ends the run like bad input: one line, exit 2, no video under
+    any name, and the maps before it whole."""
+    d, _ = videos
+    out = tmp_path / "out"
+    (out / "maps" / "000002.png").mkdir(parents=True)
+    r = stereo("video", d / "sbs.avi", "-o", out / "disp.mp4", "--maps-dir", out / "maps", "-n", 4, "--device", "cpu")
+    assert r.returncode == 2, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "000002.png" in r.stderr, r.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["maps"]
+    for name in ("000000.png", "000001.png"):
+        assert io.read_disparity(out / "maps" / name).shape == (96, 160)
