@@ -233,7 +233,11 @@ def fill(disp, mode):
                 cands.append((right[0] - x, disp[y, right[0]]))
             if not cands:
                 continue
-            if mode == "background":
+            if right and disp[y, right[0]] > x:  # x - d < 0 for the surface on the right: the left border strip
+                out[y, x] = disp[y, right[0]]
+            elif left and x - disp[y, left[-1]] >= w:  # x - d >= w for the one on the left: the right border
+                out[y, x] = disp[y, left[-1]]
+            elif mode == "background":
                 out[y, x] = min(v for _, v in cands)
             else:
                 out[y, x] = min(cands, key=lambda c: c[0])[1] if len(cands) == 1 or cands[0][0] != cands[1][0] \

@@ -123,11 +123,26 @@ def test_speckle_matches_reference(rng):
 
 
 @pytest.mark.parametrize("mode,code", [("background", 1), ("nearest", 2)])
-def test_fill_matches_reference(rng, mode, code):
-    disp = noisy_map(rng)
+@pytest.mark.parametrize("offset", [0, -8])
+def test_fill_matches_reference(rng, mode, code, offset):
+    """Disparities 0..8 reach the left border rule, -8..0 the right border rule."""
+    disp = noisy_map(rng) + np.float32(offset)
     got = BK.fill(disp, code)
     np.testing.assert_array_equal(got, ref.fill(disp, mode))
     assert not np.isnan(got).any()
+
+
+def test_fill_gives_the_left_border_strip_the_surface_on_its_right():
+    """Pixels near the left border whose surface the right camera does not see (x - d < 0
+    for the disparity on their right) take that disparity, not the smaller one on their
+    left; inside the image the background (smaller) disparity fills as before."""
+    nan = np.nan
+    row = [2.0, nan, nan, nan, nan, nan, 20.0, 20.0, 20.0, 20.0, 9.0, nan, nan, 5.0, 5.0, 5.0]
+    disp = np.array([row, row], np.float32)
+    got = BK.fill(disp, 1)
+    np.testing.assert_array_equal(got[0, 1:6], [20.0] * 5)  # x in 1..5 < 20
+    np.testing.assert_array_equal(got[0, 11:13], [5.0, 5.0])  # 5 <= x: the background of 9 and 5
+    np.testing.assert_array_equal(got, ref.fill(disp, "background"))
 
 
 @pytest.mark.parametrize("r", [1, 2])

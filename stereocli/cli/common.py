@@ -63,7 +63,9 @@ def stage_options(f, auto=False):
         click.option("--lr-check/--no-lr-check", default=None, help="Left-right consistency check [on]."),
         click.option("--lr-max-diff", type=float, help="Largest left-right difference kept, px [1]."),
         click.option("--fill", type=click.Choice(config.FILLS),
-                     help="Fill rejected pixels: background = smaller neighbour disparity [background]."),
+                     help="Fill rejected pixels from their row: background = the smaller neighbour disparity, "
+                          "nearest = the closer; along the image borders, the surface the right camera does "
+                          "not see [background]."),
         click.option("--median", type=int, help="Median filter size: 0 (off), 3 or 5 [3]."),
         click.option("--min-confidence", type=click.FloatRange(0, 1),
                      help="Invalidate pixels whose confidence (see --confidence) is below this; filled pixels "

@@ -77,14 +77,25 @@ def fill_row_at(disp, y, x, mode):
             right = v
             dr = i - x
             break
-    return fill_choice(left, dl, right, dr, mode)
+    return fill_choice(left, dl, right, dr, mode, x, w)
 
 
 @shared
-def fill_choice(left, dl, right, dr, mode):
-    """The fill value from the nearest valid pixels on the left and on the right of an
-    invalid one (value or NaN if none, distance): BACKGROUND takes the smaller
-    disparity, NEAREST the closer (the left on a tie)."""
+def fill_choice(left, dl, right, dr, mode, x, w):
+    """The fill value of the invalid pixel x of a row of width w, from the nearest valid
+    pixels on its left and on its right (value or NaN if none, distance).
+
+    First the image borders: a pixel has no match when x - d falls outside the right
+    image, so where the surface on the right, continued to x, would have x - d < 0, the
+    pixel is in the strip along the left border that the right camera does not see,
+    and takes that surface's disparity, whatever lies to its left (often a wrong small
+    disparity: there only d <= x could be tried); likewise the surface on the left where
+    x - d >= w (negative disparities, the right border). Otherwise BACKGROUND takes the
+    smaller disparity (occlusions lie behind), NEAREST the closer (the left on a tie)."""
+    if right == right and right > x:
+        return right
+    if left == left and left <= x - w:
+        return left
     if not left == left:
         return right
     if not right == right:
@@ -203,7 +214,7 @@ def fill_cpu(disp, mode):
                 o[x] = c
                 v_l, x_l = c, x
             else:
-                o[x] = fill_choice(v_l, x - x_l, right_v[x], right_x[x] - x, mode)
+                o[x] = fill_choice(v_l, x - x_l, right_v[x], right_x[x] - x, mode, x, w)
     return out
 
 
