@@ -176,7 +176,6 @@ def run(pairs, params, device: str, ext: str, scheduler: str, *, workers: int | 
 def _run_with_client(client, pairs, params, device, ext, skip_existing, max_disparity, threads, summary, on_event,
                      warn):
     from distributed import as_completed
-    from distributed.client import FutureCancelledError
 
     from . import metrics
 
@@ -238,10 +237,8 @@ def _run_with_client(client, pairs, params, device, ext, skip_existing, max_disp
             chunk, attempt, _ = attempts.pop(fut.key)
             try:
                 result = fut.result()
-            except FutureCancelledError:
-                continue
-            except Exception as e:
-                result = e
+            except Exception as e:  # the worker died, or the scheduler cancelled the task (FutureCancelledError,
+                result = e  # e.g. when the client's connection dropped): sent once more, then reported as failed
             finish(chunk, attempt, result, ac)
             nxt = next(todo, None)
             if nxt is not None:

@@ -72,7 +72,7 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, submiss
     Files pair by name: LEFT_DIR/x.png with RIGHT_DIR/x.png. With --left-glob and
     --right-glob the wildcards pair them ('*_10.png': KITTI; '*/im0.png' and '*/im1.png':
     Middlebury, whose outputs are named after the scene folder). A bad pair is reported
-    and skipped; the exit status is 1 if any pair failed, 130 if interrupted (Ctrl-C
+    and skipped; the exit status is 1 if any pair failed (or was not run), 130 if interrupted (Ctrl-C
     leaves no half-written file; run again with --skip-existing to resume).
 
     \b
@@ -171,7 +171,8 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, submiss
                          device_name)
     if code:
         return code
-    return 1 if summary.failed else 0
+    total = summary.total if stream else len(pairs)
+    return 1 if summary.failed or summary.total < total else 0  # a pair neither done, failed nor skipped: not run
 
 
 def _batch_extras(preview_dir, depth_dir, ply_dir, confidence_dir, error_map_dir, gt_dir, focal, baseline, doffs,
