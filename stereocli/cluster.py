@@ -187,7 +187,7 @@ def _run_with_client(client, pairs, params, device, ext, skip_existing, max_disp
     if warn:
         warn(f"sending {len(pairs)} pairs in chunks of {size} to {nworkers} Dask worker(s) at "
              f"{client.scheduler.address}")
-    params_f = client.scatter(params, broadcast=True)  # sent once, not once per chunk
+    params_f = [client.scatter(params, broadcast=True)]  # sent once, not once per chunk
     todo = (pairs[i:i + size] for i in range(0, len(pairs), size))
     attempts = {}  # future key -> (chunk, attempt, future): everything sent and not yet reported
 
@@ -198,7 +198,9 @@ def _run_with_client(client, pairs, params, device, ext, skip_existing, max_disp
                       if str(w.get("name")) != avoid and a != avoid]
             if others:
                 kw = {"workers": others, "allow_other_workers": False}
-        f = client.submit(_worker_chunk, chunk, params_f, device, ext, skip_existing, max_disparity, threads,
+        if params_f[0].status != "finished":  # lost with its workers, or cancelled: send it again
+            params_f[0] = client.scatter(params, broadcast=True)
+        f = client.submit(_worker_chunk, chunk, params_f[0], device, ext, skip_existing, max_disparity, threads,
                           pure=False, **kw)
         attempts[f.key] = (chunk, attempt, f)
         return f
