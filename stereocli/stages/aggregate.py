@@ -86,6 +86,35 @@ def _start(C, S, y, x, buf, dst, first):
     return mn
 
 
+@njit(cache=CACHE, inline="always")
+def _start_add(C, S, y, x, buf, dst):
+    """_start for a path that adds to S (never the first): S[y, x] += L = C, in one loop."""
+    n = C.shape[2]
+    mn = np.int32(EDGE)
+    for d in range(n):
+        v = np.int32(C[y, x, d])
+        buf[dst, d + 1] = v
+        S[y, x, d] += v
+        mn = min(mn, v)
+    return mn
+
+
+@njit(cache=CACHE, inline="always")
+def _step_add(C, S, y, x, buf, src, dst, mp, p1, p2):
+    """_step for a path that adds to S (never the first), the update and the sum in one
+    loop: the vertical sweeps below ran 10-20 % faster so than with _step's separate
+    pass over the buffer (teddy-sized volume, 1 and 2 threads, the 2-core machine)."""
+    n = C.shape[2]
+    mn = np.int32(EDGE)
+    for d in range(n):
+        v = sgm_value(np.int32(C[y, x, d]), np.int32(buf[src, d + 1]), np.int32(buf[src, d]),
+                      np.int32(buf[src, d + 2]), mp, p1, p2)
+        buf[dst, d + 1] = v
+        S[y, x, d] += v
+        mn = min(mn, v)
+    return mn
+
+
 def direction_pairs(paths: int):
     """Directions r with -r left out (the pair is aggregated together): [(dx, dy)]."""
     out = []
@@ -232,28 +261,25 @@ def sgm_horizontal_cpu(C, guide, p1, p2tab, S):
 @njit(cache=CACHE, inline="always")
 def _row_pixel(C, guide, p1, p2tab, S, lines, mins, src, dst, q, first, y, x, dxs, dy):
     """S[y, x] += L(r)[y, x] for r = (dxs[k], dy), from the previous row's path costs of
-    sweep q (lines[src, q, k, x], EDGE-padded; mins its minima); `first`: y is the
-    sweep's first row."""
-    h, w, n = C.shape
-    for k in range(dxs.shape[0]):
+    sweep q (row _line_row(src, q, k, x) of lines, EDGE-padded; mins[src, q, k, x] their
+    minima); `first`: y is the sweep's first row."""
+    w = C.shape[1]
+    nd = dxs.shape[0]
+    for k in range(nd):
         px = x - dxs[k]
-        mn = np.int32(EDGE)
+        row = _line_row(dst, q, k, x, nd, w)
         if first or px < 0 or px >= w:  # the first pixel of its line: L = C
-            for d in range(n):
-                v = np.int32(C[y, x, d])
-                lines[dst, q, k, x, d + 1] = v
-                S[y, x, d] += v
-                mn = min(mn, v)
+            mins[dst, q, k, x] = _start_add(C, S, y, x, lines, row)
         else:
             p2e = p2tab[abs(np.int32(guide[y, x]) - np.int32(guide[y - dy, px]))]
-            m = mins[src, q, k, px]
-            for d in range(n):
-                v = sgm_value(np.int32(C[y, x, d]), np.int32(lines[src, q, k, px, d + 1]),
-                              np.int32(lines[src, q, k, px, d]), np.int32(lines[src, q, k, px, d + 2]), m, p1, p2e)
-                lines[dst, q, k, x, d + 1] = v
-                S[y, x, d] += v
-                mn = min(mn, v)
-        mins[dst, q, k, x] = mn
+            mins[dst, q, k, x] = _step_add(C, S, y, x, lines, _line_row(src, q, k, px, nd, w), row,
+                                           mins[src, q, k, px], p1, p2e)
+
+
+@njit(cache=CACHE, inline="always")
+def _line_row(parity, q, k, x, nd, w):
+    """The row of sgm_vertical_cpu's path-cost buffer for [parity, sweep q, direction k, pixel x]."""
+    return ((parity * 2 + q) * nd + k) * w + x
 
 
 @njit(parallel=True, cache=CACHE)
@@ -264,7 +290,7 @@ def sgm_vertical_cpu(C, guide, p1, p2tab, S, dxs):
     row and sweep); each pixel from the previous row's path costs of its sweep."""
     h, w, n = C.shape
     nd = dxs.shape[0]
-    lines = np.full((2, 2, nd, w, n + 2), EDGE, np.uint16)  # [parity, sweep, direction, x, 1 + d]
+    lines = np.full((2 * 2 * nd * w, n + 2), EDGE, np.uint16)  # row _line_row(parity, sweep, direction, x)
     mins = np.zeros((2, 2, nd, w), np.int32)
     for i in range(h):
         dst = i & 1
@@ -299,8 +325,8 @@ def sgm_vertical_lines_cpu(C, guide, p1, p2tab, S, dx, per_task):
     for t in prange(tasks):
         a = u0 + t * per_task
         b = min(a + per_task, u1 + 1)
-        lines = np.full((2, b - a, n + 2), EDGE, np.uint16)  # [parity, line, 1 + d]
-        mins = np.zeros((2, b - a), np.int32)
+        buf = np.full((2 * (b - a), n + 2), EDGE, np.uint16)  # row 2k + parity: line a + k's L
+        mins = np.zeros(2 * (b - a), np.int32)
         for sweep in range(2):
             dy = 1 if sweep == 0 else -1
             for i in range(h):
@@ -311,25 +337,13 @@ def sgm_vertical_lines_cpu(C, guide, p1, p2tab, S, dx, per_task):
                     x = u + dx * y
                     if x < 0 or x >= w:
                         continue
-                    k = u - a
+                    k = 2 * (u - a)
                     px = x - dx * dy  # the previous pixel of the path, in row y - dy
-                    mn = np.int32(EDGE)
                     if i == 0 or px < 0 or px >= w:  # the first pixel of its line: L = C
-                        for d in range(n):
-                            v = np.int32(C[y, x, d])
-                            lines[dst, k, d + 1] = v
-                            S[y, x, d] += v
-                            mn = min(mn, v)
+                        mins[k + dst] = _start_add(C, S, y, x, buf, k + dst)
                     else:
                         p2e = p2tab[abs(np.int32(guide[y, x]) - np.int32(guide[y - dy, px]))]
-                        m = mins[src, k]
-                        for d in range(n):
-                            v = sgm_value(np.int32(C[y, x, d]), np.int32(lines[src, k, d + 1]),
-                                          np.int32(lines[src, k, d]), np.int32(lines[src, k, d + 2]), m, p1, p2e)
-                            lines[dst, k, d + 1] = v
-                            S[y, x, d] += v
-                            mn = min(mn, v)
-                    mins[dst, k] = mn
+                        mins[k + dst] = _step_add(C, S, y, x, buf, k + src, k + dst, mins[k + src], p1, p2e)
 
 
 # Which vertical sweeps: the raster passes (one fork per row) touch the volumes twice; by
