@@ -25,7 +25,7 @@ import numpy as np
 from common import DATA, ROOT, emit
 
 
-CODECS = {"mp4v": ".mp4", "ffv1": ".avi"}
+CODECS = {"mp4v": ("mp4v", ".mp4"), "ffv1": ("FFV1", ".avi")}  # --input: (fourcc, container)
 
 
 def make_video(path: Path, w: int, h: int, frames: int, codec: str = "mp4v") -> None:
@@ -34,7 +34,7 @@ def make_video(path: Path, w: int, h: int, frames: int, codec: str = "mp4v") -> 
     threads) or lossless FFV1 (decoded in one thread: a harder input)."""
     left = cv2.resize(cv2.imread(str(DATA / "cones" / "left.png")), (w, h), interpolation=cv2.INTER_CUBIC)
     right = cv2.resize(cv2.imread(str(DATA / "cones" / "right.png")), (w, h), interpolation=cv2.INTER_CUBIC)
-    v = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*codec.upper() if codec == "ffv1" else codec), 30, (2 * w, h))
+    v = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*CODECS[codec][0]), 30, (2 * w, h))
     for i in range(frames):
         v.write(np.hstack([np.roll(left, 2 * i, 1), np.roll(right, 2 * i, 1)]))
     v.release()
@@ -70,7 +70,7 @@ def main():
            "STEREOCLI_NO_WORKER": "1"}
     with tempfile.TemporaryDirectory() as tmp:
         for codec, device in [(c, d) for c in a.input for d in a.device]:
-            src = Path(tmp) / f"sbs_{codec}{CODECS[codec]}"
+            src = Path(tmp) / f"sbs_{codec}{CODECS[codec][1]}"
             if not src.exists():
                 make_video(src, w, h, a.frames, codec)
             cmd = [sys.executable, "-m", "stereocli.cli", "video", str(src), "-o", str(Path(tmp) / "disp.mp4"),

@@ -187,20 +187,21 @@ def _run_with_client(client, pairs, params, device, ext, skip_existing, max_disp
     if warn:
         warn(f"sending {len(pairs)} pairs in chunks of {size} to {nworkers} Dask worker(s) at "
              f"{client.scheduler.address}")
-    params_f = [client.scatter(params, broadcast=True)]  # sent once, not once per chunk
+    params_f = client.scatter(params, broadcast=True)  # sent once, not once per chunk
     todo = (pairs[i:i + size] for i in range(0, len(pairs), size))
     attempts = {}  # future key -> (chunk, attempt, future): everything sent and not yet reported
 
     def submit(chunk, attempt=1, avoid=None):
+        nonlocal params_f
         kw = {}
         if avoid:
             others = [a for a, w in client.scheduler_info(n_workers=-1)["workers"].items()
                       if str(w.get("name")) != avoid and a != avoid]
             if others:
                 kw = {"workers": others, "allow_other_workers": False}
-        if params_f[0].status != "finished":  # lost with its workers, or cancelled: send it again
-            params_f[0] = client.scatter(params, broadcast=True)
-        f = client.submit(_worker_chunk, chunk, params_f[0], device, ext, skip_existing, max_disparity, threads,
+        if params_f.status != "finished":  # lost with its workers, or cancelled: send it again
+            params_f = client.scatter(params, broadcast=True)
+        f = client.submit(_worker_chunk, chunk, params_f, device, ext, skip_existing, max_disparity, threads,
                           pure=False, **kw)
         attempts[f.key] = (chunk, attempt, f)
         return f

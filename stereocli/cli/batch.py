@@ -167,11 +167,10 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, submiss
             code = 130
     if stream and summary.total == 0 and not code:
         raise StereoError("--pairs (stdin) held no pairs; give lines 'left<TAB>right[<TAB>output]'")
-    _print_batch_summary(summary, summary.total if stream else len(pairs), bool(gt_dir), no_gt, jsonl,
-                         device_name)
+    total = summary.total if stream else len(pairs)
+    _print_batch_summary(summary, total, bool(gt_dir), no_gt, jsonl, device_name)
     if code:
         return code
-    total = summary.total if stream else len(pairs)
     return 1 if summary.failed or summary.total < total else 0  # a pair neither done, failed nor skipped: not run
 
 
