@@ -7,7 +7,8 @@ configuration; the first line reports the cold (compile or cache load) time.
 
 Tuning knobs (see stereocli/backends/cuda/aggregate.py and select.py): STEREOCLI_SGM_K=4|8|16 forces the disparities per lane
 of the SGM kernel, STEREOCLI_SGM_REGS and STEREOCLI_SELECT_REGS the register caps of the
-SGM and selection kernels (0: the compiler's choice). Give each setting its own
+SGM and selection kernels (0: the compiler's choice), STEREOCLI_SGM_SUM=volumes one path
+volume per direction instead of atomic adds into one sum. Give each setting its own
 NUMBA_CACHE_DIR: the kernel cache does not key on the register cap.
 """
 import argparse
@@ -20,13 +21,30 @@ import numpy as np
 
 from common import DATA, emit
 
-# (width, height, disparities, paths, libSGM H100 kernel ms or None)
+# (width, height, disparities, paths, libSGM H100 kernel ms, libSGM host->host ms): libSGM
+# e4c669b for sm_90 on the H100 machine, best of 100 warm runs (issue 13's table)
 CONFIGS = [
-    (741, 500, 64, 8, 1.08), (741, 500, 128, 4, 0.96), (741, 500, 128, 8, 1.32),
-    (1242, 375, 128, 4, 1.35), (1242, 375, 128, 8, 1.66),
-    (1920, 1080, 128, 4, 2.65), (1920, 1080, 128, 8, 3.78), (1920, 1080, 256, 8, 6.49),
-    (3840, 2160, 256, 8, 20.5),
+    (741, 500, 64, 8, 1.08, 1.24), (741, 500, 128, 4, 0.97, 1.13), (741, 500, 128, 8, 1.28, 1.49),
+    (1242, 375, 128, 4, 1.37, 1.61), (1242, 375, 128, 8, 1.69, 1.93),
+    (1920, 1080, 128, 4, 2.63, 3.38), (1920, 1080, 128, 8, 3.73, 4.62), (1920, 1080, 256, 8, 6.45, 7.56),
+    (3840, 2160, 256, 8, 19.8, 24.0),
 ]
+
+
+def device_bytes(run):
+    """Device memory that `run()` allocates: the buffer pool is emptied first and keeps
+    every buffer the run frees, so what is in use afterwards is its working set."""
+    from numba import cuda
+
+    from stereocli.backends.cuda.backend import _POOL
+    gc.collect()
+    _POOL.release()
+    ctx = cuda.current_context()
+    ctx.deallocations.clear()
+    free0 = ctx.get_memory_info()[0]
+    run()
+    cuda.synchronize()
+    return free0 - ctx.get_memory_info()[0]
 
 
 def pair(w, h):
@@ -79,14 +97,14 @@ def main():
     import stereocli
     from stereocli.backends.cuda import CudaBackend, gpu_summary
     bk = CudaBackend()
-    configs = [(64, 24, 8, 4, None)] if a.sim_check else CONFIGS
+    configs = [(64, 24, 8, 4, None, None)] if a.sim_check else CONFIGS
     if a.sim_check:
         a.repeat = 1
     left, right = pair(*configs[0][:2]) if a.sim_check else pair(741, 500)
     t = time.perf_counter()
     stereocli.match(left, right, device="cuda", num_disparities=configs[0][2] if a.sim_check else 64)
     emit(cold_first_match_s=round(time.perf_counter() - t, 2), gpu=dict(gpu_summary())["gpu"])
-    for w, h, ndisp, paths, libsgm in configs:
+    for w, h, ndisp, paths, libsgm, libsgm_h2h in configs:
         if a.quick and (w, h, ndisp) not in ((1242, 375, 128), (1920, 1080, 128)):
             continue
         left, right = pair(w, h)
@@ -98,11 +116,16 @@ def main():
             _, timings = stereocli.match(left, right, device="cuda", num_disparities=ndisp, paths=paths)
             ends.append((time.perf_counter() - t) * 1e3)
         volume_mb = w * h * ndisp / 1e6
+        used = None if a.sim_check else device_bytes(
+            lambda: stereocli.match(left, right, device="cuda", num_disparities=ndisp, paths=paths))
         emit(width=w, height=h, num_disparities=ndisp, paths=paths,
              kernel_ms={k2: round(v, 3) for k2, v in k.items()},
              libsgm_ms=libsgm, ratio_vs_libsgm=round(k["total"] / libsgm, 2) if libsgm else None,
-             end_to_end_ms=round(min(ends), 2), end_to_end_stages_ms={s: round(v, 2) for s, v in timings.items()},
-             volume_mb=round(volume_mb, 1))
+             end_to_end_ms=round(min(ends), 2), libsgm_host_ms=libsgm_h2h,
+             end_to_end_bound_ms=round(1.5 * libsgm_h2h, 2) if libsgm_h2h else None,
+             end_to_end_stages_ms={s: round(v, 2) for s, v in timings.items()},
+             volume_mb=round(volume_mb, 1), device_mib=round(used / 2**20, 1) if used is not None else None,
+             device_bytes_per_cell=round(used / (volume_mb * 1e6), 2) if used is not None else None)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,15 @@ def test_census_volume_bit_exact(imgs, wx, wy, min_d, ndisp):
                                   on_cpu("census_volume", L, R, min_d, ndisp, wx, wy))
 
 
+@pytest.mark.parametrize("min_d,ndisp", [(0, 16), (-5, 16), (7, 8)])
+def test_census_volume_tiles_bit_exact(rng, min_d, ndisp):
+    """D % 8 == 0 takes the tiled kernel (32 left pixels per block): rows wider than a
+    tile, disparities reaching past both image borders."""
+    L, R = (rng.integers(0, 256, (5, 70)).astype(np.float32) for _ in range(2))
+    np.testing.assert_array_equal(on_gpu("census_volume", L, R, min_d, ndisp, 9, 7),
+                                  on_cpu("census_volume", L, R, min_d, ndisp, 9, 7))
+
+
 @pytest.mark.parametrize("paths", [4, 8, 16])
 def test_sgm_bit_exact(rng, paths):
     C = rng.integers(0, 256, (7, 9, 8)).astype(np.uint8)

@@ -66,7 +66,7 @@ def _group_exchange(G):
     return group_min, below, above
 
 
-def _make_sgm_kernel(G, K, vec):
+def _make_sgm_kernel(G, K, vec, atomic):
     """The SGM line kernel for groups of G lanes, each lane holding K disparities in
     registers (a group covers G * K disparities). `vec`: the cost volume is read as
     uint32 words (4 costs) and the path volume written as uint64 words (4 values),
@@ -91,21 +91,54 @@ def _make_sgm_kernel(G, K, vec):
             for j in range(K):
                 c[j] = int32(C1[uint64(off + j)]) if j < nk else int32(0)
 
-    @cuda.jit(device=True, inline=True)
-    def store(S1, off, nk, v):
-        if vec:
-            for i in range(K // 4):
-                if 4 * i < nk:
-                    S1[uint64(off + i)] = (uint64(v[4 * i] & 0xFFFF) | (uint64(v[4 * i + 1] & 0xFFFF) << uint64(16))
-                                           | (uint64(v[4 * i + 2] & 0xFFFF) << uint64(32))
-                                           | (uint64(v[4 * i + 3] & 0xFFFF) << uint64(48)))
-        else:
-            for j in range(K):
-                if j < nk:
-                    S1[uint64(off + j)] = v[j]
+    K4 = K // 4  # words per lane (vec)
+    TRANSPOSE = vec and atomic and K4 > 1
+    TW = 32 * K4 if TRANSPOSE else 1  # words of a warp's transpose buffer
 
     @cuda.jit(device=True, inline=True)
-    def begin(C1, G1, S1, p, pstep, off, stride, length, nk, cur, c, cn, scratch, w, gl):
+    def pack(v, i):
+        """Values 4i..4i+3 of v as one uint64 word of four 16-bit fields."""
+        return (uint64(v[4 * i] & 0xFFFF) | (uint64(v[4 * i + 1] & 0xFFFF) << uint64(16))
+                | (uint64(v[4 * i + 2] & 0xFFFF) << uint64(32)) | (uint64(v[4 * i + 3] & 0xFFFF) << uint64(48)))
+
+    @cuda.jit(device=True, inline=True)
+    def store(S1, off, nk, v, active, tw, w, gl, grp, per):
+        """This lane's values of one pixel into S1 (off: its first element there), when
+        `active` (called by every lane of the warp). atomic: added to the sum volume
+        (uint64 words of four 16-bit sums, or uint32 sums), else stored in a direction
+        volume. TRANSPOSE: a lane's K4 words are consecutive in S1, so a warp's atomic
+        touched a sector per lane; the group's words go through shared memory and
+        consecutive lanes add consecutive words."""
+        if TRANSPOSE:
+            g0 = grp * G * K4
+            for i in range(K4):
+                tw[w, g0 + gl * K4 + i] = pack(v, i)
+            cuda.syncwarp(0xFFFFFFFF)
+            if active:
+                base = off - gl * K4  # the pixel's first word
+                for i in range(K4):
+                    j = i * G + gl
+                    if j < per:
+                        cuda.atomic.add(S1, uint64(base + j), tw[w, g0 + j])
+            cuda.syncwarp(0xFFFFFFFF)
+        elif active:
+            if vec:
+                for i in range(K4):
+                    if 4 * i < nk:
+                        if atomic:
+                            cuda.atomic.add(S1, uint64(off + i), pack(v, i))
+                        else:
+                            S1[uint64(off + i)] = pack(v, i)
+            else:
+                for j in range(K):
+                    if j < nk:
+                        if atomic:
+                            cuda.atomic.add(S1, uint64(off + j), uint32(v[j]))
+                        else:
+                            S1[uint64(off + j)] = v[j]
+
+    @cuda.jit(device=True, inline=True)
+    def begin(C1, G1, S1, p, pstep, off, stride, length, nk, cur, c, cn, scratch, w, gl, tw, grp, per):
         """First pixel of a path (flat index p, lane offset off; the next pixel is at
         p + pstep, off + stride): L = C there; starts the loads of the next pixel's costs
         (into cn) and guide value. Returns (min L of the group, guide here, guide at the
@@ -123,13 +156,12 @@ def _make_sgm_kernel(G, K, vec):
             v = c[j] if j < nk else int32(BIG)
             cur[j] = v
             m = min(m, v)
-        if length > 0:
-            store(S1, off, nk, cur)
+        store(S1, off, nk, cur, length > 0, tw, w, gl, grp, per)
         return group_min(m, scratch, w, gl), g, gn
 
     @cuda.jit(device=True, inline=True)
     def advance(C1, G1, p1, p2tab, S1, p, pstep, off, stride, s, length, nk, m, gp, g, prev, cur,
-                c, cn, scratch, w, gl):
+                c, cn, scratch, w, gl, tw, grp, per):
         """Step s of a path, at the pixel (p, off): cur = SGM update of prev with the
         costs loaded a step ago; starts the load of the next pixel's (deeper prefetch
         measured no faster on an H100). A group past the end of its line computes but
@@ -154,8 +186,7 @@ def _make_sgm_kernel(G, K, vec):
             v = v if j < nk else int32(BIG)
             cur[j] = v
             mloc = min(mloc, v)
-        if s < length:
-            store(S1, off, nk, cur)
+        store(S1, off, nk, cur, s < length, tw, w, gl, grp, per)
         return group_min(mloc, scratch, w, gl), g, gn
 
     @cuda.jit(device=True, inline=True)
@@ -189,6 +220,7 @@ def _make_sgm_kernel(G, K, vec):
         words), flat. The direction volumes are added by the selection kernel."""
         scratch = cuda.shared.array((SGM_WARPS, SGM_LANES), int32)  # the simulator's exchange
         p2tab = cuda.shared.array(256, int32)
+        tw = cuda.shared.array((SGM_WARPS, TW), uint64)  # store's transpose
         for i in range(cuda.threadIdx.x, 256, cuda.blockDim.x):
             p2tab[i] = p2table[i]
         cuda.syncthreads()  # before any thread returns
@@ -232,19 +264,23 @@ def _make_sgm_kernel(G, K, vec):
         pb = (y0 + (length - 1) * dy) * wd + x0 + (length - 1) * dx  # the last pixel: start of the walk back
         off = p * per + first_word
         offb = pb * per + first_word
-        Sf, Sb = Sd1[2 * q], Sd1[2 * q + 1]
+        if atomic:
+            Sf, Sb = Sd1[0], Sd1[0]
+        else:
+            Sf, Sb = Sd1[2 * q], Sd1[2 * q + 1]
         # the two walks are independent chains: stepping them together hides each one's latency
-        m, gp, g = begin(C1, G1, Sf, p, pstep, off, stride, length, nk, cur, c, cn, scratch, w, gl)
-        m2, gp2, g2 = begin(C1, G1, Sb, pb, -pstep, offb, -stride, length, nk, cur2, c2, cn2, scratch, w, gl)
+        m, gp, g = begin(C1, G1, Sf, p, pstep, off, stride, length, nk, cur, c, cn, scratch, w, gl, tw, grp, per)
+        m2, gp2, g2 = begin(C1, G1, Sb, pb, -pstep, offb, -stride, length, nk, cur2, c2, cn2, scratch, w, gl, tw, grp,
+                            per)
         for s in range(1, maxlen):
             p += pstep
             off += stride
             pb -= pstep
             offb -= stride
             m, gp, g = advance(C1, G1, p1i, p2tab, Sf, p, pstep, off, stride, s, length, nk, m, gp, g,
-                               prev, cur, c, cn, scratch, w, gl)
+                               prev, cur, c, cn, scratch, w, gl, tw, grp, per)
             m2, gp2, g2 = advance(C1, G1, p1i, p2tab, Sb, pb, -pstep, offb, -stride, s, length, nk, m2, gp2, g2,
-                                  prev2, cur2, c2, cn2, scratch, w, gl)
+                                  prev2, cur2, c2, cn2, scratch, w, gl, tw, grp, per)
 
     return sgm_lines_kernel
 
@@ -258,6 +294,14 @@ _SGM_KERNELS = {}
 # (28 warps per SM instead of 16 for K = 8) is 13 % (KITTI) and 10 % (1080p, 8 paths)
 # faster than K = 8; K = 16 wins at 256 disparities.
 SGM_REGISTER_CAP = {4: 64}
+# The paths add into one sum volume (atomic adds of packed words; 2 bytes per cell)
+# unless STEREOCLI_SGM_SUM=volumes: one uint16 volume per direction (16 bytes per cell
+# for 8 paths), added by the selection. H100, benchmarks/gpu.py, kernel ms (aggregate +
+# select) sum / volumes: 1920x1080/128/8 5.58 / 5.46, 1920x1080/256/8 11.9 / 10.3,
+# 1242x375/128/8 2.06 / 2.25, 741x500/128/8 1.44 / 1.69; end to end 3840x2160/256/8
+# 83 / 148 ms. The sum is read-modify-written by every path: about 40 bytes of DRAM
+# traffic per cell against 24 + 16, and the atomics run at ~2 TB/s.
+SGM_ATOMIC = os.environ.get("STEREOCLI_SGM_SUM", "atomic") == "atomic"
 
 
 def sgm_kernel_for(ndisp):
@@ -272,9 +316,10 @@ def sgm_kernel_for(ndisp):
         if G > 32:
             raise ValueError(f"{ndisp} disparities need more than 32 lanes of {K}")
     vec = (not SIM) and ndisp % 4 == 0 and K % 4 == 0
-    if (G, K, vec) not in _SGM_KERNELS:
-        _SGM_KERNELS[(G, K, vec)] = _make_sgm_kernel(G, K, vec)
-    return _SGM_KERNELS[(G, K, vec)], G, vec
+    key = (G, K, vec, SGM_ATOMIC)
+    if key not in _SGM_KERNELS:
+        _SGM_KERNELS[key] = _make_sgm_kernel(*key)
+    return _SGM_KERNELS[key], G, vec
 
 
 def sgm_lines_per_block(G):

@@ -85,8 +85,10 @@ _POOL = _Pool()  # one per process, shared by every CudaBackend (they share the 
 
 
 class PathVolumes:
-    """The result of CudaBackend.sgm: one uint16 volume per path direction, shape
-    (directions, h, w, n), not yet added; `vec`: written as packed uint64 words."""
+    """The result of CudaBackend.sgm, shape (k, h, w, n), added by the selection as it
+    reads them: the sum over all paths (k = 1; uint16, or uint32 when D % 4 != 0), or with
+    STEREOCLI_SGM_SUM=volumes one uint16 volume per path direction; `vec`: uint16 values
+    written as packed uint64 words."""
 
     def __init__(self, sp, vec):
         self.sp = sp
@@ -231,13 +233,17 @@ class CudaBackend:
     def census_volume(self, left, right, min_d, ndisp, wx, wy):
         h, w = left.shape
         cl, cr = self._empty((h, w), np.uint64), self._empty((h, w), np.uint64)
-        census = kcost.census_kernel_for(wx, wy)
-        self._launch2(census, h, w, left, cl)
-        self._launch2(census, h, w, right, cr)
+        tiled = left.dtype in (np.float32, np.uint8, np.uint16) and right.dtype == left.dtype
+        census = kcost.census_kernel_for(wx, wy, tiled)
+        bx, by = kcost.CENSUS_BLOCK
+        for img, out in ((left, cl), (right, cr)):
+            census[((w + bx - 1) // bx, (h + by - 1) // by), (bx, by), self.stream](img, out)
         vol = self._empty((h, w, ndisp), np.uint8)
         scale = self._census_scale(wx * wy - 1)
-        if ndisp % 8 == 0 and not kc.SIM:
-            self._launch_rows(kcost.census_volume8_kernel, h, w * ndisp // 8, cl, cr, min_d, scale, vol.view(np.uint64))
+        if ndisp % 8 == 0 and ndisp <= kcost.TILE_MAX_D:
+            kcost.census_volume_tile_kernel[((w + kcost.TILE_X - 1) // kcost.TILE_X, h), 32 if kc.SIM else 256,
+                                            self.stream](
+                cl, cr, min_d, scale, vol.view(np.uint64))
         elif ndisp % 4 == 0 and not kc.SIM:
             self._launch_rows(kcost.census_volume4_kernel, h, w * ndisp // 4, cl, cr, min_d, scale, vol.view(np.uint32))
         else:
@@ -291,15 +297,21 @@ class CudaBackend:
         return out
 
     def sgm(self, vol, guide, p1, p2, adaptive, paths):
-        """-> PathVolumes: the direction volumes, added by `select` as it reads them."""
+        """-> PathVolumes: every path line adds its costs to one sum volume with atomic
+        adds of packed words (3 bytes per cell with the cost volume, against 17 for a volume
+        per direction; 2-10 % more kernel time at 1920x1080, less at the KITTI size: see
+        aggregate.SGM_ATOMIC)."""
         h, w, n = vol.shape
         if n > kc.MAX_SGM_DISPARITIES:
             raise StereoError(f"the CUDA SGM handles at most {kc.MAX_SGM_DISPARITIES} disparities, not {n}; "
                               f"use --device cpu")
         pairs = aggregate.direction_pairs(paths)
         dirs, starts = self._lines(h, w, paths)
-        sp = self._empty((2 * len(pairs), h, w, n), np.uint16)
         kernel, G, vec = kagg.sgm_kernel_for(n)
+        if kagg.SGM_ATOMIC:
+            sp = self._zeros((1, h, w, n), np.uint16 if vec else np.uint32)
+        else:
+            sp = self._empty((2 * len(pairs), h, w, n), np.uint16)
         per_block = kagg.sgm_lines_per_block(G)
         blocks = (starts.shape[0] + per_block - 1) // per_block
         threads = G if kc.SIM else 32 * kc.SGM_WARPS
@@ -358,6 +370,8 @@ class CudaBackend:
         return steps + 1
 
     def sgm_bytes_per_element(self, paths):
+        if kagg.SGM_ATOMIC:
+            return 2  # the sum, as on the CPU (uint32 when D % 4 != 0), so --max-memory plans the same strips
         return 2 * paths  # one uint16 volume per direction; their sum is never stored
 
     # ------------------------------------------------------------ selection

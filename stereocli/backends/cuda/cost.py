@@ -9,19 +9,52 @@ from .common import CACHE, OUTSIDE, _volume_index, device_twins
 cst = device_twins(_cost)  # the stage's shared arithmetic, as device functions
 
 _CENSUS_KERNELS = {}
+CENSUS_BLOCK = (32, 8)  # threads (x, y) of a census kernel's block: one pixel each
 
 
-def census_kernel_for(wx, wy):
-    """The census kernel of one window size: with constant loop bounds the window's
-    reads unroll and overlap (with the bounds as arguments, one read at a time)."""
-    if (wx, wy) not in _CENSUS_KERNELS:
+def census_kernel_for(wx, wy, tiled=True):
+    """The census kernel of one window size (grid of CENSUS_BLOCK blocks). `tiled`: the
+    block's pixels and their window margins are read once into shared memory as float32
+    (exact for float32, uint8 and uint16 images), and every comparison reads from there;
+    otherwise census_at reads the image itself (any dtype), 62 reads per pixel."""
+    key = (wx, wy, tiled)
+    if key in _CENSUS_KERNELS:
+        return _CENSUS_KERNELS[key]
+    rx, ry = wx // 2, wy // 2
+    bx, by = CENSUS_BLOCK
+    tw, th = bx + 2 * rx, by + 2 * ry
+
+    if tiled:
+        @cuda.jit(cache=CACHE)
+        def census_kernel(img, out):
+            tile = cuda.shared.array((th, tw), float32)
+            h, w = img.shape
+            tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+            x0 = cuda.blockIdx.x * bx - rx  # image column of tile column 0 (clamped at the borders)
+            y0 = cuda.blockIdx.y * by - ry
+            for j in range(ty, th, by):
+                yy = min(max(y0 + j, 0), h - 1)
+                for i in range(tx, tw, bx):
+                    tile[j, i] = img[yy, min(max(x0 + i, 0), w - 1)]
+            cuda.syncthreads()
+            x = cuda.blockIdx.x * bx + tx
+            y = cuda.blockIdx.y * by + ty
+            if y < h and x < w:
+                c = tile[ty + ry, tx + rx]
+                bits = uint64(0)
+                for j in range(wy):  # census_at's order: rows, then columns, centre left out
+                    for i in range(wx):
+                        if i != rx or j != ry:
+                            bits = (bits << uint64(1)) | uint64(1 if tile[ty + j, tx + i] < c else 0)
+                out[y, x] = bits
+    else:
         @cuda.jit(cache=CACHE)
         def census_kernel(img, out):
             x, y = cuda.grid(2)
             if y < img.shape[0] and x < img.shape[1]:
                 out[y, x] = cst.census_at(img, y, x, wx, wy)
-        _CENSUS_KERNELS[(wx, wy)] = census_kernel
-    return _CENSUS_KERNELS[(wx, wy)]
+    _CENSUS_KERNELS[key] = census_kernel
+    return census_kernel
 
 
 @cuda.jit(device=True, inline=True)
@@ -49,19 +82,53 @@ def _shared_scale(scale):
     return tab
 
 
+TILE_X = 128  # left pixels per block of census_volume_tile_kernel
+TILE_MAX_D = 1024  # most disparities it takes (its right words live in shared memory)
+_TILE_WORDS = TILE_X + TILE_MAX_D - 1
+_PAD = _TILE_WORDS + (_TILE_WORDS >> 3) + 1
+
+
 @cuda.jit(cache=CACHE)
-def census_volume8_kernel(cl, cr, min_d, scale, vol8):
-    """The census volume eight disparities per thread, written as one uint64 (D % 8 == 0)."""
+def census_volume_tile_kernel(cl, cr, min_d, scale, vol8):
+    """The census volume eight disparities per thread, written as one uint64 (D % 8 == 0,
+    D <= TILE_MAX_D), a block per TILE_X left pixels of one row (grid: tiles, rows). The
+    right strings those pixels meet are read once into shared memory, at position
+    j + j // 8 for the j-th: consecutive threads read words 8 apart, and the padding
+    spreads them over the banks (a thread's eight reads from global memory fell on eight
+    cache lines per warp instruction)."""
     tab = _shared_scale(scale)
+    crs = cuda.shared.array(_PAD, uint64)
+    cls = cuda.shared.array(TILE_X, uint64)
     h, w, n8 = vol8.shape
-    y, x, wi, inside = _volume_index(w, n8)
-    if inside:
-        a = cl[y, x]
-        crow = cr[y]
-        xr0 = int32(cst.right_x(x, min_d, 8 * wi))
-        lo = _census_word(a, crow, xr0, w, tab, 4)
-        hi = _census_word(a, crow, xr0 - 4, w, tab, 4)
-        vol8[y, x, wi] = uint64(lo) | (uint64(hi) << uint64(32))
+    y = cuda.blockIdx.y
+    x0 = cuda.blockIdx.x * TILE_X
+    tid = cuda.threadIdx.x
+    nd = 8 * n8
+    xlo = int32(cst.right_x(x0, min_d, nd - 1))  # the right column of word j = 0
+    nwords = TILE_X + nd - 1
+    for j in range(tid, nwords, cuda.blockDim.x):
+        xr = xlo + j
+        crs[j + (j >> 3)] = cr[y, xr] if xr >= 0 and xr < w else uint64(0)
+    for i in range(tid, TILE_X, cuda.blockDim.x):
+        cls[i] = cl[y, x0 + i] if x0 + i < w else uint64(0)
+    cuda.syncthreads()
+    total = uint32(TILE_X * n8)
+    for i in range(uint32(tid), total, uint32(cuda.blockDim.x)):
+        xl = i // uint32(n8)
+        wi = int32(i - xl * uint32(n8))
+        x = x0 + int32(xl)
+        if x < w:
+            a = cls[xl]
+            xr0 = int32(cst.right_x(x, min_d, 8 * wi))
+            word = uint64(0)
+            for b in range(8):
+                xr = xr0 - b
+                v = uint64(OUTSIDE)
+                if xr >= 0 and xr < w:
+                    j = xr - xlo
+                    v = uint64(tab[cuda.popc(a ^ crs[j + (j >> 3)])])
+                word |= v << uint64(8 * b)
+            vol8[y, x, wi] = word
 
 
 @cuda.jit(cache=CACHE)
