@@ -154,6 +154,19 @@ def test_refinement_bit_exact(rng):
         np.testing.assert_array_equal(on_gpu("median", disp, r), on_cpu("median", disp, r))
 
 
+def test_fill_long_rows_bit_exact(rng):
+    """Rows much wider than the fill kernel's block: each thread takes a segment, and
+    invalid runs cross segments, reach both borders, or fill a whole row."""
+    disp = rng.uniform(-4, 40, (6, 301)).astype(np.float32)
+    disp[rng.random(disp.shape) < 0.6] = np.nan
+    disp[1, 20:200] = np.nan
+    disp[2] = np.nan
+    disp[3, :150] = np.nan
+    disp[4, 150:] = np.nan
+    for mode in (1, 2):
+        np.testing.assert_array_equal(on_gpu("fill", disp, mode), on_cpu("fill", disp, mode))
+
+
 def test_float_stages_within_tolerance(imgs):
     L, R = imgs
     k1, k2 = preprocess.gaussian_kernel(0.7), preprocess.gaussian_kernel(2.0)

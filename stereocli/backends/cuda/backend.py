@@ -422,7 +422,7 @@ class CudaBackend:
     def fill(self, disp, mode):
         h, w = disp.shape
         out = self._empty((h, w), np.float32)
-        self._launch2(kref.fill_kernel, h, w, disp, mode, out)
+        kref.fill_kernel[h, kref.FILL_THREADS, self.stream](disp, mode, out)
         return out
 
     def median(self, disp, r):

@@ -1,10 +1,10 @@
 """Refinement kernels (stages/refine.py on the GPU): left-right check, fill, median, and the connected components of the speckle filter."""
 import math
 
-from numba import cuda, float32
+from numba import cuda, float32, int32
 
 from ...stages import refine as _ref
-from .common import CACHE, device_twins
+from .common import CACHE, SIM, device_twins
 
 ref = device_twins(_ref)  # the stage's shared arithmetic, as device functions
 
@@ -22,11 +22,68 @@ def keep_confidence_kernel(conf, disp, out):
         out[y, x] = ref.keep_confidence_at(conf, disp, y, x)
 
 
+FILL_THREADS = 32 if SIM else 256  # threads of fill_kernel's block (one row)
+
+
+@cuda.jit(device=True, inline=True)
+def _scan(buf, t, v, take_max):
+    """Inclusive scan (max, or min) of v over the block's threads, through buf."""
+    buf[t] = v
+    cuda.syncthreads()
+    off = 1
+    while off < FILL_THREADS:
+        u = buf[t - off] if t >= off else v
+        cuda.syncthreads()
+        v = max(v, u) if take_max else min(v, u)
+        buf[t] = v
+        cuda.syncthreads()
+        off *= 2
+    return v
+
+
 @cuda.jit(cache=CACHE)
 def fill_kernel(disp, mode, out):
-    x, y = cuda.grid(2)
-    if y < disp.shape[0] and x < disp.shape[1]:
-        out[y, x] = ref.fill_row_at(disp, y, x, mode)
+    """fill_row_at for every pixel of a row (block y), in time linear in the row: each
+    thread takes a segment of the row; the nearest valid pixel left of a segment comes
+    from a scan over the threads of the last valid index in each segment, the nearest on
+    its right from one of the first (a search per pixel took time quadratic in the
+    length of an invalid run, 1.2 ms at 1920x1080)."""
+    buf = cuda.shared.array(FILL_THREADS, int32)
+    h, w = disp.shape
+    y = cuda.blockIdx.x
+    t = cuda.threadIdx.x
+    seg = (w + FILL_THREADS - 1) // FILL_THREADS
+    s0 = min(t * seg, w)
+    s1 = min(s0 + seg, w)
+    last = int32(-1)
+    first = int32(w)
+    for x in range(s0, s1):
+        if disp[y, x] == disp[y, x]:
+            last = x
+            first = min(first, x)
+    before = _scan(buf, t, last, True)  # the last valid index at or before this segment's end
+    cuda.syncthreads()
+    before = buf[t - 1] if t > 0 else int32(-1)  # ... before its start
+    cuda.syncthreads()
+    # the first valid index after a segment: a max-scan of (w - first) from the right
+    after = _scan(buf, FILL_THREADS - 1 - t, int32(w - first), True)
+    cuda.syncthreads()
+    after = w - buf[FILL_THREADS - 1 - t - 1] if t < FILL_THREADS - 1 else w
+    nl = before  # nearest valid at or left of x
+    for x in range(s0, s1):
+        c = disp[y, x]
+        if c == c:
+            out[y, x] = c
+            nl = x
+        else:
+            nr = after
+            for i in range(x + 1, s1):
+                if disp[y, i] == disp[y, i]:
+                    nr = i
+                    break
+            left = disp[y, nl] if nl >= 0 else float32(math.nan)
+            right = disp[y, nr] if nr < w else float32(math.nan)
+            out[y, x] = ref.fill_choice(left, x - nl, right, nr - x, mode, x, w)
 
 
 @cuda.jit(cache=CACHE)
