@@ -67,11 +67,14 @@ class _Timer:
     def lap(self, stage):
         self.marks.append((stage, self.backend.mark()))
 
-    @property
-    def ms(self) -> dict:
+    def read(self) -> dict:
+        """{stage: ms}, summed over strips; once, at the end: the markers go back to the
+        backend for reuse."""
         out = {}
         for (_, a), (stage, b) in zip(self.marks, self.marks[1:]):
             out[stage] = out.get(stage, 0.0) + self.backend.elapsed_ms(a, b)
+        self.backend.recycle_marks([m for _, m in self.marks])
+        self.marks = []
         return out
 
 
@@ -176,7 +179,7 @@ def run(left, right, params: Params, backend: Backend, confidence: bool = False)
         conf[np.isnan(out)] = 0.0
         if params.min_confidence > 0:
             out[conf < np.float32(params.min_confidence)] = np.nan
-    ms = timer.ms
+    ms = timer.read()
     return Result(out, {s: ms[s] for s in STAGES if s in ms}, len(strips), backend.name,
                   [note] if note else [], conf if confidence else None)
 
@@ -223,7 +226,10 @@ def _run_strip(gl: np.ndarray, gr: np.ndarray, params: Params, bk, timer: _Timer
     confidence or None) of the strip."""
     if gl.dtype == np.uint8:
         G, Gr = bk.upload(gl), bk.upload(gr)
-        L, R = bk.to_float(G), bk.to_float(Gr)
+        if params.cost == "census" and params.preprocess == "none":
+            L, R = G, Gr  # the census compares grey levels: the bytes give the float32 images' strings
+        else:
+            L, R = bk.to_float(G), bk.to_float(Gr)
     else:
         guide = np.clip(np.round(gl), 0, 255).astype(np.uint8)
         L, R, G = bk.upload(gl), bk.upload(gr), bk.upload(guide)

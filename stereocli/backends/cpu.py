@@ -51,6 +51,9 @@ class CpuBackend:
     def mark(self):
         return time.perf_counter()
 
+    def recycle_marks(self, marks):
+        pass
+
     def elapsed_ms(self, start, end):
         return (end - start) * 1e3
 

@@ -37,6 +37,10 @@ class Backend(Protocol):
         """A time marker placed after the work launched so far, without waiting for it
         (the pipeline's timer leaves one after each stage)."""
 
+    def recycle_marks(self, marks) -> None:
+        """The markers of a finished timing, whose times have been read: the device may
+        use them again for later marks."""
+
     def elapsed_ms(self, start, end) -> float:
         """Milliseconds between two markers (waits for `end` to be reached)."""
 

@@ -104,6 +104,7 @@ class CudaBackend:
 
     def __init__(self):
         self.stream = cuda.stream()
+        self._events = []  # timing events free for reuse (recycle_marks)
         self._tables = {}  # per-size constant tables on the device (path lines, census scale)
         self._pool = _POOL
         if not kc.SIM and not _POOL.limit:
@@ -123,7 +124,12 @@ class CudaBackend:
         mem = self._pool.take(key)
         if mem is None:
             mem = self._allocate(shape, dtype).gpu_data
-        strides = tuple(int(np.prod(shape[i + 1:])) * dtype.itemsize for i in range(len(shape)))
+        strides = []  # C order (np.prod here cost as much as the rest of _empty)
+        step = dtype.itemsize
+        for n in reversed(shape):
+            strides.append(step)
+            step *= n
+        strides = tuple(reversed(strides))
         handle = mem.view(0)  # shared by every reshape/view of the array handed out
         arr = DeviceNDArray(shape, strides, dtype, stream=self.stream, gpu_data=handle)
         weakref.finalize(handle, self._pool.give, key, mem)
@@ -179,9 +185,15 @@ class CudaBackend:
         if kc.SIM:
             self.stream.synchronize()
             return time.perf_counter()
-        e = cuda.event(timing=True)
+        e = self._events.pop() if self._events else cuda.event(timing=True)
         e.record(self.stream)
         return e
+
+    def recycle_marks(self, marks):
+        """Events whose times were read go back to a free list: creating one costs
+        about as much as launching a kernel, and a run leaves one after every stage."""
+        if not kc.SIM:
+            self._events.extend(marks)
 
     def elapsed_ms(self, start, end):
         if kc.SIM:
