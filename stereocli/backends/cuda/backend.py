@@ -248,8 +248,7 @@ class CudaBackend:
         tiled = left.dtype in (np.float32, np.uint8, np.uint16) and right.dtype == left.dtype
         census = kcost.census_kernel_for(wx, wy, tiled)
         bx, by = kcost.CENSUS_BLOCK
-        for img, out in ((left, cl), (right, cr)):
-            census[((w + bx - 1) // bx, (h + by - 1) // by), (bx, by), self.stream](img, out)
+        census[((w + bx - 1) // bx, (h + by - 1) // by, 2), (bx, by), self.stream](left, right, cl, cr)
         vol = self._empty((h, w, ndisp), np.uint8)
         scale = self._census_scale(wx * wy - 1)
         if ndisp % 8 == 0 and ndisp <= kcost.TILE_MAX_D:

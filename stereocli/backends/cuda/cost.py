@@ -13,7 +13,8 @@ CENSUS_BLOCK = (32, 8)  # threads (x, y) of a census kernel's block: one pixel e
 
 
 def census_kernel_for(wx, wy, tiled=True):
-    """The census kernel of one window size (grid of CENSUS_BLOCK blocks). `tiled`: the
+    """The census kernel of one window size for both images of a pair (grid of
+    CENSUS_BLOCK blocks, z = 0 the left image, 1 the right: one launch). `tiled`: the
     block's pixels and their window margins are read once into shared memory as float32
     (exact for float32, uint8 and uint16 images), and every comparison reads from there;
     otherwise census_at reads the image itself (any dtype), 62 reads per pixel."""
@@ -26,7 +27,9 @@ def census_kernel_for(wx, wy, tiled=True):
 
     if tiled:
         @cuda.jit(cache=CACHE)
-        def census_kernel(img, out):
+        def census_kernel(img0, img1, out0, out1):
+            img = img0 if cuda.blockIdx.z == 0 else img1
+            out = out0 if cuda.blockIdx.z == 0 else out1
             tile = cuda.shared.array((th, tw), float32)
             h, w = img.shape
             tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
@@ -49,7 +52,9 @@ def census_kernel_for(wx, wy, tiled=True):
                 out[y, x] = bits
     else:
         @cuda.jit(cache=CACHE)
-        def census_kernel(img, out):
+        def census_kernel(img0, img1, out0, out1):
+            img = img0 if cuda.blockIdx.z == 0 else img1
+            out = out0 if cuda.blockIdx.z == 0 else out1
             x, y = cuda.grid(2)
             if y < img.shape[0] and x < img.shape[1]:
                 out[y, x] = cst.census_at(img, y, x, wx, wy)
