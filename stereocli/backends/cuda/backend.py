@@ -252,7 +252,7 @@ class CudaBackend:
         vol = self._empty((h, w, ndisp), np.uint8)
         scale = self._census_scale(wx * wy - 1)
         if ndisp % 8 == 0 and ndisp <= kcost.TILE_MAX_D:
-            kcost.census_volume_tile_kernel[((w + kcost.TILE_X - 1) // kcost.TILE_X, h), 32 if kc.SIM else 256,
+            kcost.census_volume_tile_kernel[((w + kcost.TILE_X - 1) // kcost.TILE_X, h), 8 if kc.SIM else 256,
                                             self.stream](
                 cl, cr, min_d, scale, vol.view(np.uint64))
         elif ndisp % 4 == 0 and not kc.SIM:

@@ -4,12 +4,13 @@ import math
 from numba import cuda, float32, int32, uint32, uint64
 
 from ...stages import cost as _cost
-from .common import CACHE, OUTSIDE, _volume_index, device_twins
+from .common import CACHE, OUTSIDE, SIM, _volume_index, device_twins
 
 cst = device_twins(_cost)  # the stage's shared arithmetic, as device functions
 
 _CENSUS_KERNELS = {}
-CENSUS_BLOCK = (32, 8)  # threads (x, y) of a census kernel's block: one pixel each
+CENSUS_BLOCK = (8, 4) if SIM else (32, 8)  # threads (x, y) of a census kernel's block: one pixel each
+# (the simulator runs a thread per CUDA thread: small blocks keep the tests quick)
 
 
 def census_kernel_for(wx, wy, tiled=True):
