@@ -1,15 +1,10 @@
 import os
-import sys
 from pathlib import Path
 
 # CUDA kernels run under Numba's simulator unless a real GPU is asked for
 # (STEREOCLI_TEST_GPU=1, as on the device machine). Must be set before numba is imported.
 if os.environ.get("STEREOCLI_TEST_GPU") != "1":
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
-    # The simulator runs each CUDA thread as a Python thread; at every syncthreads they
-    # hand the interpreter to each other, which at the default 5 ms switch interval made
-    # a kernel with a few barriers per block (the fill's scans) take seconds on a 30x40 map.
-    sys.setswitchinterval(1e-5)
 # Every `stereo` the tests start runs in-process; tests/test_worker.py turns the worker on.
 os.environ["STEREOCLI_NO_WORKER"] = "1"
 

@@ -22,7 +22,7 @@ def keep_confidence_kernel(conf, disp, out):
         out[y, x] = ref.keep_confidence_at(conf, disp, y, x)
 
 
-FILL_THREADS = 8 if SIM else 256  # threads of fill_kernel's block (one row; the simulator: a thread per thread)
+FILL_THREADS = 4 if SIM else 256  # threads of fill_kernel's block (one row; the simulator: a thread per thread)
 
 
 @cuda.jit(device=True, inline=True)
