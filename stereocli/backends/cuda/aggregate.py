@@ -214,10 +214,12 @@ def _make_sgm_kernel(G, K, vec, atomic):
     def sgm_lines_kernel(C1, G1, h, wd, n, p1, p2table, Sd1, dirs, starts):
         """All path lines of all direction pairs in one launch, GROUPS lines per warp
         (starts[i] = (y, x, pair q), longest first). Pair q = dirs[q] = (dx, dy) walks the
-        line along r into Sd1[2q] and, at the same time, back along -r into Sd1[2q + 1]:
-        only stores, and no two groups write the same element. C1, G1, Sd1[k]: the cost
-        volume (vec: as uint32 words), the guide and the path volumes (vec: as uint64
-        words), flat. The direction volumes are added by the selection kernel."""
+        line along r and, at the same time, back along -r. `atomic`: both walks add their
+        costs into the one sum volume Sd1[0] (atomic adds, so lines crossing a pixel may
+        run at once; integer sums do not depend on the order); otherwise they store into
+        Sd1[2q] and Sd1[2q + 1], which no other group writes, and the selection kernel
+        adds the direction volumes. C1, G1, Sd1[k]: the cost volume (vec: as uint32
+        words), the guide and the sum or path volumes (vec: as uint64 words), flat."""
         scratch = cuda.shared.array((SGM_WARPS, SGM_LANES), int32)  # the simulator's exchange
         p2tab = cuda.shared.array(256, int32)
         tw = cuda.shared.array((SGM_WARPS, TW), uint64)  # store's transpose
