@@ -24,7 +24,7 @@ PREPROCESS = ("none", "dog", "bilateral")
 COSTS = ("census", "sad", "ssd", "zsad", "zssd", "zncc", "bt", "mi")
 AGGREGATIONS = ("sgm", "none")
 PATHS = (4, 8, 16)
-FILLS = ("none", "background", "nearest")
+FILLS = ("none", "background", "nearest", "slope")
 DEVICES = ("auto", "cpu", "cuda")
 
 # Window used by each cost when none is given (width, height).

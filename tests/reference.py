@@ -245,6 +245,46 @@ def fill(disp, mode):
     return out
 
 
+def border_slope(disp, fit=40, band=1.0, smax=0.3, rms=0.3, rows=8, cols=10):
+    """Fill mode "slope" before the background fill: each invalid run whose right-hand
+    valid pixel e has d > x takes d(e) + s * (x - e) where that is > x; s is the median
+    of the line fits (np.polyfit) at such pixels e' within `rows` rows and `cols` columns,
+    each through the first `fit` valid pixels from e' (within 3 * fit columns) inside the
+    band |d - d(e')| < band + smax * distance, kept when at least 5 and RMS <= rms,
+    clamped to +-smax."""
+    h, w = disp.shape
+    ends = {}  # (y, e) -> first x of the run
+    slopes = {}
+    for y in range(h):
+        x = 0
+        while x < w:
+            if not np.isnan(disp[y, x]):
+                x += 1
+                continue
+            e = x
+            while e < w and np.isnan(disp[y, e]):
+                e += 1
+            if e < w and disp[y, e] > x:
+                ends[(y, e)] = x
+                xs = [k for k in range(e, min(w, e + 3 * fit)) if not np.isnan(disp[y, k])][:fit]
+                xs = [k for k in xs if abs(disp[y, k] - disp[y, e]) < band + (k - e) * smax]
+                if len(xs) >= 5:
+                    b, a = np.polyfit(np.array(xs, float) - e, disp[y, xs].astype(float), 1)
+                    res = disp[y, xs] - (a + b * (np.array(xs, float) - e))
+                    if np.sqrt(np.mean(res ** 2)) <= rms:
+                        slopes[(y, e)] = float(np.clip(b, -smax, smax))
+            x = e
+    out = disp.copy()
+    for (y, e), x0 in ends.items():
+        near = [v for (yy, ee), v in slopes.items() if abs(yy - y) <= rows and e - cols <= ee < e + cols]
+        s = float(np.median(near)) if near else 0.0
+        for x in range(x0, e):
+            v = np.float32(disp[y, e] + s * (x - e))
+            if v > x:
+                out[y, x] = v
+    return out
+
+
 def median(disp, r):
     h, w = disp.shape
     out = disp.copy()

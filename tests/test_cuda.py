@@ -154,6 +154,16 @@ def test_refinement_bit_exact(rng):
         np.testing.assert_array_equal(on_gpu("median", disp, r), on_cpu("median", disp, r))
 
 
+def test_fill_slope_identical(rng):
+    """--fill slope: the GPU backend continues the border strip on the host with the
+    CPU's function, then fills on the device: the same map."""
+    x = np.arange(90, dtype=np.float32)
+    disp = np.tile(np.float32(30) + np.float32(0.15) * x, (12, 1))
+    disp[:, :40] = np.nan
+    disp[rng.random(disp.shape) < 0.2] = np.nan
+    np.testing.assert_array_equal(on_gpu("fill", disp, 3), on_cpu("fill", disp, 3))
+
+
 def test_fill_long_rows_bit_exact(rng):
     """Rows much wider than the fill kernel's block: each thread takes a segment, and
     invalid runs cross segments, reach both borders, or fill a whole row."""

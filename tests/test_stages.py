@@ -10,7 +10,7 @@ import reference as ref
 from stereocli.backends.cpu import CpuBackend
 from stereocli.config import Params
 from stereocli.pipeline import cost_volume
-from stereocli.stages import preprocess
+from stereocli.stages import preprocess, refine
 
 BK = CpuBackend()
 
@@ -143,6 +143,39 @@ def test_fill_gives_the_left_border_strip_the_surface_on_its_right():
     np.testing.assert_array_equal(got[0, 1:6], [20.0] * 5)  # x in 1..5 < 20
     np.testing.assert_array_equal(got[0, 11:13], [5.0, 5.0])  # 5 <= x: the background of 9 and 5
     np.testing.assert_array_equal(got, ref.fill(disp, "background"))
+
+
+def slanted_border_map(rng, h=24, w=90, slope=0.15, noise=0.0):
+    """A plane d = 30 + slope * x with the strip x < d (and some random pixels) invalid."""
+    x = np.arange(w, dtype=np.float32)
+    disp = np.tile(np.float32(30) + np.float32(slope) * x, (h, 1)) + rng.normal(0, noise, (h, w)).astype(np.float32)
+    disp[:, :40] = np.nan
+    disp[rng.random((h, w)) < 0.1] = np.nan
+    return disp
+
+
+@pytest.mark.parametrize("slope,noise", [(0.15, 0.0), (-0.2, 0.05), (0.6, 0.0)])
+def test_border_slope_matches_reference(rng, slope, noise):
+    """Within float32 rounding of the line fits (polyfit here, running sums there)."""
+    disp = slanted_border_map(rng, slope=slope, noise=noise)
+    got, want = refine.border_slope_cpu(disp), ref.border_slope(disp)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, atol=1e-4, equal_nan=True)
+
+
+def test_fill_slope_continues_a_slanted_border_surface():
+    """--fill slope: the strip the right camera does not see follows its surface's slope
+    (the plain background fill holds it at the border pixel's disparity); a slope steeper
+    than SLOPE_MAX is clamped, and the rest of the map is filled as by background."""
+    rng = np.random.default_rng(3)
+    disp = slanted_border_map(rng, slope=0.15)
+    truth = np.float32(30) + np.float32(0.15) * np.arange(disp.shape[1], dtype=np.float32)
+    got = BK.fill(disp, refine.SLOPE)
+    assert not np.isnan(got).any()
+    assert np.abs(got[:, :35] - truth[:35]).max() < 0.01  # where the plane has x - d < 0
+    flat = BK.fill(disp, refine.BACKGROUND)
+    assert np.abs(flat[:, :35] - truth[:35]).max() > 5  # 40 px at 0.15 px per px
+    np.testing.assert_array_equal(got[:, 45:], flat[:, 45:])  # (the strip's last pixels, x >= d, differ)
 
 
 @pytest.mark.parametrize("r", [1, 2])

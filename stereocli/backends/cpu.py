@@ -124,6 +124,8 @@ class CpuBackend:
         return refine.keep_confidence_cpu(conf, disp)
 
     def fill(self, disp, mode):
+        if mode == refine.SLOPE:
+            disp, mode = refine.border_slope_cpu(disp), refine.BACKGROUND
         return refine.fill_cpu(disp, mode)
 
     def median(self, disp, r):

@@ -65,7 +65,8 @@ def stage_options(f, auto=False):
         click.option("--fill", type=click.Choice(config.FILLS),
                      help="Fill rejected pixels from their row: background = the smaller neighbour disparity, "
                           "nearest = the closer; along the image borders, the surface the right camera does "
-                          "not see [background]."),
+                          "not see; slope = background, with that border surface continued along its slope "
+                          "[background]."),
         click.option("--median", type=int, help="Median filter size: 0 (off), 3 or 5 [3]."),
         click.option("--min-confidence", type=click.FloatRange(0, 1),
                      help="Invalidate pixels whose confidence (see --confidence) is below this; filled pixels "

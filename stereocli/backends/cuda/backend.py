@@ -13,7 +13,7 @@ from numba import config as numba_config
 from numba import cuda
 
 from ...errors import StereoError
-from ...stages import aggregate, cost
+from ...stages import aggregate, cost, refine
 from . import aggregate as kagg
 from . import common as kc
 from . import cost as kcost
@@ -431,6 +431,8 @@ class CudaBackend:
         return out
 
     def fill(self, disp, mode):
+        if mode == refine.SLOPE:  # the border slopes on the host (a few runs per row), then the fill here
+            disp, mode = self.upload(refine.border_slope_cpu(self.download(disp))), refine.BACKGROUND
         h, w = disp.shape
         out = self._empty((h, w), np.float32)
         kref.fill_kernel[h, kref.FILL_THREADS, self.stream](disp, mode, out)
