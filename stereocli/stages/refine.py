@@ -65,33 +65,6 @@ def median_at(disp, y, x, r, window):
 
 
 @shared
-def fill_row_at(disp, y, x, mode):
-    """Value for an invalid pixel from the nearest valid pixels left and right on its
-    row: mode BACKGROUND takes the smaller disparity, NEAREST the closer."""
-    c = disp[y, x]
-    if c == c:
-        return c
-    w = disp.shape[1]
-    left = np.float32(math.nan)
-    dl = 0
-    for i in range(x - 1, -1, -1):
-        v = disp[y, i]
-        if v == v:
-            left = v
-            dl = x - i
-            break
-    right = np.float32(math.nan)
-    dr = 0
-    for i in range(x + 1, w):
-        v = disp[y, i]
-        if v == v:
-            right = v
-            dr = i - x
-            break
-    return fill_choice(left, dl, right, dr, mode, x, w)
-
-
-@shared
 def fill_choice(left, dl, right, dr, mode, x, w):
     """The fill value of the invalid pixel x of a row of width w, from the nearest valid
     pixels on its left and on its right (value or NaN if none, distance).
@@ -202,7 +175,7 @@ def median_cpu(disp, r):
 
 @njit(parallel=True, cache=CACHE)
 def fill_cpu(disp, mode):
-    """fill_row_at for every pixel, in two sweeps per row (the nearest valid pixel on
+    """fill_choice for every invalid pixel, in two sweeps per row (the nearest valid pixel on
     the right, then on the left) instead of a search per pixel: O(w) however long the
     invalid runs are."""
     h, w = disp.shape

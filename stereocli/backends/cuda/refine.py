@@ -26,24 +26,25 @@ FILL_THREADS = 4 if SIM else 256  # threads of fill_kernel's block (one row; the
 
 
 @cuda.jit(device=True, inline=True)
-def _scan(buf, t, v, take_max):
-    """Inclusive scan (max, or min) of v over the block's threads, through buf."""
+def _max_scan(buf, t, v):
+    """Leaves in buf[t] the max of v over the threads in slots 0..t (an inclusive scan;
+    thread t's slot is t, or any permutation of the threads)."""
     buf[t] = v
     cuda.syncthreads()
     off = 1
     while off < FILL_THREADS:
         u = buf[t - off] if t >= off else v
         cuda.syncthreads()
-        v = max(v, u) if take_max else min(v, u)
+        v = max(v, u)
         buf[t] = v
         cuda.syncthreads()
         off *= 2
-    return v
 
 
 @cuda.jit(cache=CACHE)
 def fill_kernel(disp, mode, out):
-    """fill_row_at for every pixel of a row (block y), in time linear in the row: each
+    """The row fill (fill_choice between the nearest valid pixels on the left and on the
+    right) for every pixel of a row (block y), in time linear in the row: each
     thread takes a segment of the row; the nearest valid pixel left of a segment comes
     from a scan over the threads of the last valid index in each segment, the nearest on
     its right from one of the first (a search per pixel took time quadratic in the
@@ -61,13 +62,11 @@ def fill_kernel(disp, mode, out):
         if disp[y, x] == disp[y, x]:
             last = x
             first = min(first, x)
-    before = _scan(buf, t, last, True)  # the last valid index at or before this segment's end
-    cuda.syncthreads()
-    before = buf[t - 1] if t > 0 else int32(-1)  # ... before its start
+    _max_scan(buf, t, last)  # the last valid index at or before each segment's end
+    before = buf[t - 1] if t > 0 else int32(-1)  # ... before this one's start
     cuda.syncthreads()
     # the first valid index after a segment: a max-scan of (w - first) from the right
-    after = _scan(buf, FILL_THREADS - 1 - t, int32(w - first), True)
-    cuda.syncthreads()
+    _max_scan(buf, FILL_THREADS - 1 - t, int32(w - first))
     after = w - buf[FILL_THREADS - 1 - t - 1] if t < FILL_THREADS - 1 else w
     nl = before  # nearest valid at or left of x
     for x in range(s0, s1):
