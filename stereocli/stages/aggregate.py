@@ -44,22 +44,11 @@ EDGE = 65535  # the L of the disparities beyond both ends (never the minimum)
 
 
 @njit(cache=CACHE, inline="always")
-def _accumulate(S, y, x, buf, dst, first):
-    """S[y, x] = buf[dst, 1:n+1] (the first path) or += it."""
-    n = S.shape[2]
-    if first:
-        for d in range(n):
-            S[y, x, d] = buf[dst, d + 1]
-    else:
-        for d in range(n):
-            S[y, x, d] += buf[dst, d + 1]
-
-
-@njit(cache=CACHE, inline="always")
 def _step(C, S, y, x, buf, src, dst, mp, p1, p2, first):
     """buf[dst, 1:n+1] = SGM update of buf[src, 1:n+1] (the path's L at the previous
     pixel, whose minimum is mp) with the costs C[y, x]; S[y, x] = that (first path) or
-    += it. Returns its minimum. Columns 0 and n+1 of buf hold EDGE, so one loop of n
+    += it, in the same loop (a separate pass over the buffer cost the vertical sweeps
+    10-20 %). Returns its minimum. Columns 0 and n+1 of buf hold EDGE, so one loop of n
     trips covers every disparity (no scalar edge or remainder code per pixel), and
     everything is indexed in place (a view per pixel would cost a reference count)."""
     n = C.shape[2]
@@ -68,49 +57,20 @@ def _step(C, S, y, x, buf, src, dst, mp, p1, p2, first):
         v = sgm_value(np.int32(C[y, x, d]), np.int32(buf[src, d + 1]), np.int32(buf[src, d]),
                       np.int32(buf[src, d + 2]), mp, p1, p2)
         buf[dst, d + 1] = v
+        S[y, x, d] = v if first else S[y, x, d] + v
         mn = min(mn, v)
-    _accumulate(S, y, x, buf, dst, first)
     return mn
 
 
 @njit(cache=CACHE, inline="always")
 def _start(C, S, y, x, buf, dst, first):
-    """First pixel of a path: L = C. Returns min(L)."""
+    """First pixel of a path: L = C, and S[y, x] = L (first path) or += L. Returns min(L)."""
     n = C.shape[2]
     mn = np.int32(EDGE)
     for d in range(n):
         v = np.int32(C[y, x, d])
         buf[dst, d + 1] = v
-        mn = min(mn, v)
-    _accumulate(S, y, x, buf, dst, first)
-    return mn
-
-
-@njit(cache=CACHE, inline="always")
-def _start_add(C, S, y, x, buf, dst):
-    """_start for a path that adds to S (never the first): S[y, x] += L = C, in one loop."""
-    n = C.shape[2]
-    mn = np.int32(EDGE)
-    for d in range(n):
-        v = np.int32(C[y, x, d])
-        buf[dst, d + 1] = v
-        S[y, x, d] += v
-        mn = min(mn, v)
-    return mn
-
-
-@njit(cache=CACHE, inline="always")
-def _step_add(C, S, y, x, buf, src, dst, mp, p1, p2):
-    """_step for a path that adds to S (never the first), the update and the sum in one
-    loop: the vertical sweeps below ran 10-20 % faster so than with _step's separate
-    pass over the buffer (teddy-sized volume, 1 and 2 threads, the 2-core machine)."""
-    n = C.shape[2]
-    mn = np.int32(EDGE)
-    for d in range(n):
-        v = sgm_value(np.int32(C[y, x, d]), np.int32(buf[src, d + 1]), np.int32(buf[src, d]),
-                      np.int32(buf[src, d + 2]), mp, p1, p2)
-        buf[dst, d + 1] = v
-        S[y, x, d] += v
+        S[y, x, d] = v if first else S[y, x, d] + v
         mn = min(mn, v)
     return mn
 
@@ -269,11 +229,11 @@ def _row_pixel(C, guide, p1, p2tab, S, lines, mins, src, dst, q, first, y, x, dx
         px = x - dxs[k]
         row = _line_row(dst, q, k, x, nd, w)
         if first or px < 0 or px >= w:  # the first pixel of its line: L = C
-            mins[dst, q, k, x] = _start_add(C, S, y, x, lines, row)
+            mins[dst, q, k, x] = _start(C, S, y, x, lines, row, False)
         else:
             p2e = p2tab[abs(np.int32(guide[y, x]) - np.int32(guide[y - dy, px]))]
-            mins[dst, q, k, x] = _step_add(C, S, y, x, lines, _line_row(src, q, k, px, nd, w), row,
-                                           mins[src, q, k, px], p1, p2e)
+            mins[dst, q, k, x] = _step(C, S, y, x, lines, _line_row(src, q, k, px, nd, w), row,
+                                       mins[src, q, k, px], p1, p2e, False)
 
 
 @njit(cache=CACHE, inline="always")
@@ -340,10 +300,10 @@ def sgm_vertical_lines_cpu(C, guide, p1, p2tab, S, dx, per_task):
                     k = 2 * (u - a)
                     px = x - dx * dy  # the previous pixel of the path, in row y - dy
                     if i == 0 or px < 0 or px >= w:  # the first pixel of its line: L = C
-                        mins[k + dst] = _start_add(C, S, y, x, buf, k + dst)
+                        mins[k + dst] = _start(C, S, y, x, buf, k + dst, False)
                     else:
                         p2e = p2tab[abs(np.int32(guide[y, x]) - np.int32(guide[y - dy, px]))]
-                        mins[k + dst] = _step_add(C, S, y, x, buf, k + src, k + dst, mins[k + src], p1, p2e)
+                        mins[k + dst] = _step(C, S, y, x, buf, k + src, k + dst, mins[k + src], p1, p2e, False)
 
 
 # Which vertical sweeps: the raster passes (one fork per row) touch the volumes twice; by
