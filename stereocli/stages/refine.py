@@ -20,6 +20,12 @@ SLOPE_BAND = 1.0
 SLOPE_MAX = 0.3
 SLOPE_RMS = 0.3
 SLOPE_ROWS, SLOPE_COLS = 8, 10
+SLOPE_WINDOW = (2 * SLOPE_ROWS + 1) * 2 * SLOPE_COLS
+# the fits in fixed point, 1 / SLOPE_ONE px (exact integer sums, the same on both devices)
+SLOPE_ONE = 65536
+SLOPE_BAND_FIXED = round(SLOPE_BAND * SLOPE_ONE)
+SLOPE_MAX_FIXED = round(SLOPE_MAX * SLOPE_ONE)
+SLOPE_RMS2_FIXED = round((SLOPE_RMS * SLOPE_ONE) ** 2)
 
 
 @shared
@@ -297,95 +303,124 @@ def speckle_apply_cpu(disp, region_sizes, max_size):
     return out
 
 
-@njit(cache=CACHE)
-def _row_slope(row, e):
-    """The slope of the surface starting at valid pixel e of a row: a least-squares line
-    through the first SLOPE_FIT_PIXELS valid pixels from e (within 3x as many columns)
-    whose disparity stays within SLOPE_BAND + SLOPE_MAX * distance of row[e]; NaN when
-    fewer than 5 remain or the line misses them by more than SLOPE_RMS (RMS)."""
-    w = row.shape[0]
-    d0 = row[e]
-    n = 0
-    sx = sy = sxx = sxy = 0.0
-    xs = np.empty(SLOPE_FIT_PIXELS, np.float64)
-    ys = np.empty(SLOPE_FIT_PIXELS, np.float64)
-    x = e
+@shared
+def fixed(v):
+    """A disparity in fixed point (units of 1 / SLOPE_ONE px, rounded)."""
+    return np.int64(math.floor(v * SLOPE_ONE + 0.5))
+
+
+@shared
+def slope_run_start(disp, y, e):
+    """The first pixel of the invalid run of row y that ends at the valid pixel e, when
+    fill_choice's border rule fills that run (its surface has d > x there); else -1."""
+    d = disp[y, e]
+    if e == 0 or not d == d or disp[y, e - 1] == disp[y, e - 1]:
+        return -1
+    x = e - 1
+    while x > 0 and not disp[y, x - 1] == disp[y, x - 1]:
+        x -= 1
+    return x if d > x else -1
+
+
+@shared
+def slope_fit_at(disp, y, e):
+    """The slope (float32, px per px) of the surface starting at the valid pixel e of row y:
+    a least-squares line through the first SLOPE_FIT_PIXELS valid pixels from e (within
+    3x as many columns) whose disparity stays within SLOPE_BAND + SLOPE_MAX * distance
+    of d(e), clamped to +-SLOPE_MAX; NaN when fewer than 5 remain or the line misses them
+    by more than SLOPE_RMS (RMS).
+
+    The sums are exact integers (disparities in fixed point, relative to d(e)) and the
+    residual comes from them in closed form, n * SSR = (n Syy - Sy^2) - (n Sxy - Sx Sy)^2 / den,
+    so no floating multiply feeds an add: a GPU, which fuses those into one rounding,
+    computes the same slope as the CPU."""
+    w = disp.shape[1]
+    d0 = fixed(disp[y, e])
+    n = sx = sxx = sy = sxy = syy = np.int64(0)
     seen = 0
-    while x < min(w, e + 3 * SLOPE_FIT_PIXELS) and seen < SLOPE_FIT_PIXELS:
-        v = row[x]
+    x = e
+    end = min(w, e + 3 * SLOPE_FIT_PIXELS)
+    while x < end and seen < SLOPE_FIT_PIXELS:
+        v = disp[y, x]
         if v == v:
             seen += 1
-            if abs(v - d0) < SLOPE_BAND + (x - e) * SLOPE_MAX:
-                xs[n] = x - e
-                ys[n] = v
-                sx += x - e
-                sy += v
-                sxx += (x - e) * (x - e)
-                sxy += (x - e) * v
+            k = np.int64(x - e)
+            q = fixed(v) - d0
+            if abs(q) < SLOPE_BAND_FIXED + k * SLOPE_MAX_FIXED:
                 n += 1
+                sx += k
+                sxx += k * k
+                sy += q
+                sxy += k * q
+                syy += q * q
         x += 1
-    if n < 5:
-        return math.nan
     den = n * sxx - sx * sx
-    if den <= 0.0:
-        return math.nan
-    b = (n * sxy - sx * sy) / den
-    a = (sy - b * sx) / n
-    r2 = 0.0
-    for i in range(n):
-        r = ys[i] - (a + b * xs[i])
-        r2 += r * r
-    if math.sqrt(r2 / n) > SLOPE_RMS:
-        return math.nan
-    return min(max(b, -SLOPE_MAX), SLOPE_MAX)
+    if n < 5 or den <= 0:
+        return np.float32(math.nan)
+    p = np.float64(n * sxy - sx * sy)
+    ssr_n = np.float64(n * syy - sy * sy) - p * p / np.float64(den)
+    if ssr_n > np.float64(n * n * SLOPE_RMS2_FIXED):
+        return np.float32(math.nan)
+    b = p / np.float64(den) / SLOPE_ONE
+    return np.float32(min(max(b, -SLOPE_MAX), SLOPE_MAX))
+
+
+@shared
+def sorted_median(buf, n):
+    """The median of buf[:n] (n >= 1), sorted in place (insertion sort: n is small)."""
+    for i in range(1, n):
+        v = buf[i]
+        j = i - 1
+        while j >= 0 and buf[j] > v:
+            buf[j + 1] = buf[j]
+            j -= 1
+        buf[j + 1] = v
+    if n % 2 == 1:
+        return buf[n // 2]
+    return np.float32(0.5) * (buf[n // 2 - 1] + buf[n // 2])
+
+
+@shared
+def slope_apply_at(disp, first, slopes, y, e, buf, out):
+    """The run of row y that ends at e (first[y, e] its start) continued from d(e) along
+    the median of the slopes fitted within SLOPE_ROWS rows and SLOPE_COLS columns (0 if
+    none), wherever that still lies outside the right image (d > x). buf: scratch for
+    SLOPE_WINDOW values."""
+    h, w = disp.shape
+    n = 0
+    for yy in range(max(0, y - SLOPE_ROWS), min(h, y + SLOPE_ROWS + 1)):
+        for xx in range(max(0, e - SLOPE_COLS), min(w, e + SLOPE_COLS)):
+            v = slopes[yy, xx]
+            if v == v:
+                buf[n] = v
+                n += 1
+    s = np.float64(sorted_median(buf, n)) if n > 0 else 0.0
+    d0 = np.float64(disp[y, e])
+    for x in range(first[y, e], e):
+        v = np.float32(d0 + s * (x - e))  # s has 24 significant bits: the product is exact
+        if v > x:
+            out[y, x] = v
 
 
 @njit(parallel=True, cache=CACHE)
 def border_slope_cpu(disp):
     """The strip along the left border that the right camera does not see, continued
-    along its surface's slope instead of at a constant disparity (fill mode SLOPE).
-
-    For each invalid run of a row whose nearest valid pixel on the right, e, has
-    disparity d > x (fill_choice's border rule), the slope there is the median of the
-    _row_slope fits at such pixels within SLOPE_ROWS rows and SLOPE_COLS columns (0 when
-    none fits); the run's pixels take d(e) + slope * (x - e) where that still lies
-    outside the right image (> x). Everything else is left for the fill. Used by both
-    devices (the GPU backend runs it on the host), so their maps agree."""
+    along its surface's slope instead of at a constant disparity (fill mode SLOPE, then
+    the background fill): slope_run_start finds the runs that fill_choice's border rule
+    fills, slope_fit_at fits a slope where each ends, and slope_apply_at continues the
+    run along the median of the fits nearby. The GPU runs the same three functions."""
     h, w = disp.shape
     out = disp.copy()
-    slopes = np.full((h, w), np.nan)
-    first = np.full((h, w), -1, np.int64)  # at e: the first pixel of the run that ends there
+    slopes = np.empty((h, w), np.float32)
+    first = np.empty((h, w), np.int32)
     for y in prange(h):
-        row = disp[y]
-        x = 0
-        while x < w:
-            if row[x] == row[x]:
-                x += 1
-                continue
-            e = x
-            while e < w and not row[e] == row[e]:
-                e += 1
-            if e < w and row[e] > x:
-                first[y, e] = x
-                slopes[y, e] = _row_slope(row, e)
-            x = e
-    for y in prange(h):
-        window = np.empty((2 * SLOPE_ROWS + 1) * (2 * SLOPE_COLS), np.float64)
         for e in range(w):
-            x0 = first[y, e]
-            if x0 < 0:
-                continue
-            n = 0
-            for yy in range(max(0, y - SLOPE_ROWS), min(h, y + SLOPE_ROWS + 1)):
-                for xx in range(max(0, e - SLOPE_COLS), min(w, e + SLOPE_COLS)):
-                    v = slopes[yy, xx]
-                    if v == v:
-                        window[n] = v
-                        n += 1
-            s = np.median(window[:n]) if n > 0 else 0.0
-            d0 = disp[y, e]
-            for x in range(x0, e):
-                v = np.float32(d0 + s * (x - e))
-                if v > x:
-                    out[y, x] = v
+            x0 = slope_run_start(disp, y, e)
+            first[y, e] = x0
+            slopes[y, e] = slope_fit_at(disp, y, e) if x0 >= 0 else np.float32(math.nan)
+    for y in prange(h):
+        buf = np.empty(SLOPE_WINDOW, np.float32)
+        for e in range(w):
+            if first[y, e] >= 0:
+                slope_apply_at(disp, first, slopes, y, e, buf, out)
     return out

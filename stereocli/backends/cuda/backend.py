@@ -431,9 +431,14 @@ class CudaBackend:
         return out
 
     def fill(self, disp, mode):
-        if mode == refine.SLOPE:  # the border slopes on the host (a few runs per row), then the fill here
-            disp, mode = self.upload(refine.border_slope_cpu(self.download(disp))), refine.BACKGROUND
         h, w = disp.shape
+        if mode == refine.SLOPE:  # the border strip continued along its slope, then the background fill
+            first = self._empty((h, w), np.int32)
+            slopes = self._empty((h, w), np.float32)
+            sloped = self._empty((h, w), np.float32)
+            self._launch2(kref.slope_fit_kernel, h, w, disp, first, slopes, sloped)
+            self._launch2(kref.slope_apply_kernel, h, w, disp, first, slopes, sloped)
+            disp, mode = sloped, refine.BACKGROUND
         out = self._empty((h, w), np.float32)
         kref.fill_kernel[h, kref.FILL_THREADS, self.stream](disp, mode, out)
         return out

@@ -86,6 +86,27 @@ def fill_kernel(disp, mode, out):
 
 
 @cuda.jit(cache=CACHE)
+def slope_fit_kernel(disp, first, slopes, out):
+    """Fill mode SLOPE, step 1 (border_slope_cpu's first loop): at the end e of each run
+    that the border rule fills, its start and the slope fitted there; out = disp."""
+    x, y = cuda.grid(2)
+    if y < disp.shape[0] and x < disp.shape[1]:
+        out[y, x] = disp[y, x]
+        x0 = ref.slope_run_start(disp, y, x)
+        first[y, x] = x0
+        slopes[y, x] = ref.slope_fit_at(disp, y, x) if x0 >= 0 else float32(math.nan)
+
+
+@cuda.jit(cache=CACHE)
+def slope_apply_kernel(disp, first, slopes, out):
+    """Fill mode SLOPE, step 2: each such run continued along the median slope nearby."""
+    buf = cuda.local.array(_ref.SLOPE_WINDOW, float32)
+    x, y = cuda.grid(2)
+    if y < disp.shape[0] and x < disp.shape[1] and first[y, x] >= 0:
+        ref.slope_apply_at(disp, first, slopes, y, x, buf, out)
+
+
+@cuda.jit(cache=CACHE)
 def median_kernel(disp, r, out):
     window = cuda.local.array(25, float32)
     x, y = cuda.grid(2)
