@@ -33,6 +33,7 @@ DEFAULT_WINDOW = {
     "zncc": (7, 7), "bt": (3, 3), "mi": (1, 1),
 }
 CENSUS_MAX_BITS = 63  # the comparison string of a census window must fit a uint64
+WMF_MAX_RADIUS = 12  # the weighted median's largest window radius (its samples are kept on the stack)
 
 
 @dataclass
@@ -68,6 +69,8 @@ class Params:
     speckle_diff: float = 2.0
     fill: str = "background"
     median: int = 3
+    # edge-aware weighted median at disparity edges (refine.weighted_median_at): radius, 0 = off
+    weighted_median: int = 0
     # pixels whose confidence (select.margin_confidence, 0 where rejected or filled) is
     # below this are invalid in the output; 0 = keep all
     min_confidence: float = 0.0
@@ -127,6 +130,8 @@ class Params:
         need(self.lr_max_diff >= 0, f"--lr-max-diff must be >= 0, not {self.lr_max_diff}")
         need(self.speckle_size >= 0 and self.speckle_diff >= 0, "speckle size and difference must be >= 0")
         need(self.median in (0, 1, 3, 5), f"--median must be 0 (off), 3 or 5, not {self.median}")
+        need(isinstance(self.weighted_median, int) and 0 <= self.weighted_median <= WMF_MAX_RADIUS,
+             f"--weighted-median must be a radius from 0 (off) to {WMF_MAX_RADIUS}, not {self.weighted_median!r}")
         need(0.0 <= self.min_confidence <= 1.0,
              f"--min-confidence must be in [0, 1], not {self.min_confidence}")
         need(self.max_memory >= 0, f"--max-memory must be >= 0 MiB, not {self.max_memory}")

@@ -57,6 +57,27 @@ def to_grey(img: np.ndarray, keep_u8: bool = False) -> np.ndarray:
     return img * np.float32(255.0) if hi <= 1.0 else img
 
 
+def to_guide(img: np.ndarray) -> np.ndarray:
+    """The image as H x (W * C) uint8 (C = 3 for colour, BGR; 1 for grey), scaled like
+    to_grey: the guide of the weighted median, which weighs colour likeness."""
+    return _guide_bytes(img).reshape(img.shape[0], -1)
+
+
+def _guide_bytes(img: np.ndarray) -> np.ndarray:
+    if img.ndim == 2:
+        img = img[:, :, None]
+    img = img[:, :, :3]
+    if img.dtype == np.uint8:
+        return np.ascontiguousarray(img)
+    if img.dtype == np.uint16:
+        return (img >> 8).astype(np.uint8)
+    img = np.nan_to_num(img.astype(np.float32), nan=0.0, posinf=0.0, neginf=0.0)
+    hi = float(img.max()) if img.size else 1.0
+    if hi <= 1.0:
+        img = img * np.float32(255.0)
+    return np.clip(np.rint(img), 0, 255).astype(np.uint8)
+
+
 def nonfinite_mask(img: np.ndarray) -> np.ndarray | None:
     """HxW bool of the pixels with a NaN or infinite channel (float images), else None."""
     if img.dtype.kind != "f":

@@ -32,13 +32,14 @@ import numpy as np
 from .backends.protocol import Backend
 from .config import Params, load
 from .errors import StereoError
-from .io import nonfinite_mask, to_grey
+from .io import nonfinite_mask, to_grey, to_guide
 from .stages import cost, preprocess, refine
 
 STRIP_OVERLAP = 48
 STRIP_CELLS = 2 ** 31  # volume cells (W x rows x D) of one strip: 3840x2160 with 256 disparities is one
 MEMORY_SHARE = 0.7  # of the device's free memory that one strip may take
-STAGES = ("upload", "preprocess", "cost", "aggregate", "select", "lr_check", "speckle", "fill", "median", "download")
+STAGES = ("upload", "preprocess", "cost", "aggregate", "select", "lr_check", "speckle", "fill", "median",
+          "weighted_median", "download")
 
 
 @dataclass
@@ -164,13 +165,15 @@ def run(left, right, params: Params, backend: Backend, confidence: bool = False)
     check_inputs(left, right, params)
     bytes_in = left.dtype == np.uint8 and right.dtype == np.uint8  # upload bytes, make floats on the device
     gl, gr = to_grey(left, keep_u8=bytes_in), to_grey(right, keep_u8=bytes_in)
+    guide = to_guide(left) if params.weighted_median else None
     h, w = gl.shape
     strips, note = layout(h, w, params, backend)
     timer = _Timer(backend)
     out = np.empty((h, w), np.float32)
     conf = np.empty((h, w), np.float32) if want_conf else None
     for y0, y1, k0, k1 in strips:
-        disp, c = _run_strip(gl[y0:y1], gr[y0:y1], params, backend, timer, want_conf)
+        disp, c = _run_strip(gl[y0:y1], gr[y0:y1], params, backend, timer, want_conf,
+                             None if guide is None else guide[y0:y1])
         out[k0:k1] = disp[k0 - y0:k1 - y0]
         if want_conf:
             conf[k0:k1] = c[k0 - y0:k1 - y0]
@@ -221,9 +224,11 @@ def _invalidate_nonfinite(disp: np.ndarray, left: np.ndarray, right: np.ndarray)
         disp[ys[hit], xs[hit]] = np.nan
 
 
-def _run_strip(gl: np.ndarray, gr: np.ndarray, params: Params, bk, timer: _Timer, want_conf: bool = False):
+def _run_strip(gl: np.ndarray, gr: np.ndarray, params: Params, bk, timer: _Timer, want_conf: bool = False,
+               guide: np.ndarray | None = None):
     """gl, gr: grey strips, uint8 (the guide itself) or float32 0..255 -> (disparity,
-    confidence or None) of the strip."""
+    confidence or None) of the strip; guide: the left strip as HxWxC uint8, for the
+    weighted median."""
     if gl.dtype == np.uint8:
         G, Gr = bk.upload(gl), bk.upload(gr)
         if params.cost == "census" and params.preprocess == "none":
@@ -261,6 +266,9 @@ def _run_strip(gl: np.ndarray, gr: np.ndarray, params: Params, bk, timer: _Timer
     if params.median > 1:
         disp = bk.median(disp, params.median // 2)
         timer.lap("median")
+    if params.weighted_median > 0:
+        disp = bk.weighted_median(disp, bk.upload(guide), params.weighted_median)
+        timer.lap("weighted_median")
     result = bk.download(disp)
     conf = bk.download(conf) if want_conf else None
     timer.lap("download")

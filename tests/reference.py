@@ -343,3 +343,37 @@ def bt_volume(L, R, min_d, ndisp, rx, ry):
                         for j in range(-ry, ry + 1) for i in range(-rx, rx + 1)]
                 vol[y, x, d] = min(255.0, 4 * np.mean(vals))
     return vol
+
+
+def weighted_median(disp, guide, r, step=2, edge=2.0, edge_r=2, sigma=8.0):
+    """At valid pixels whose valid neighbours within edge_r (a square) span >= edge px:
+    the valid samples every `step` px of the (2r+1)^2 window, each weighted by
+    round(1024 exp(-sum over channels |guide - centre| / (3 sigma))) (a grey guide's
+    difference counted three times); the value is the weighted mean of the samples in
+    the lowest 1 px bin (floor) at which the weights, taken in bin order, reach half."""
+    h, w = disp.shape
+    g = guide.astype(np.int64)
+    if g.ndim == 2:
+        g = g[:, :, None]
+    out = disp.copy()
+    for y in range(h):
+        for x in range(w):
+            if np.isnan(disp[y, x]):
+                continue
+            near = disp[max(0, y - edge_r):y + edge_r + 1, max(0, x - edge_r):x + edge_r + 1]
+            if np.nanmax(near) - np.nanmin(near) < edge:
+                continue
+            ys = np.arange(max(0, y - r), min(h, y + r + 1), step)
+            xs = np.arange(max(0, x - r), min(w, x + r + 1), step)
+            d = disp[np.ix_(ys, xs)].ravel()
+            diff = np.abs(g[np.ix_(ys, xs)] - g[y, x]).sum(axis=2).ravel() * (3 // g.shape[2])
+            wt = np.round(1024 * np.exp(-diff / (3 * sigma)))
+            keep = ~np.isnan(d)
+            d, wt = d[keep], wt[keep]
+            bins = np.floor(d)
+            order = np.argsort(bins, kind="stable")
+            cum = np.cumsum(wt[order])
+            b = bins[order][np.searchsorted(2 * cum, wt.sum())]
+            sel = bins == b
+            out[y, x] = np.float32((wt[sel] * d[sel].astype(np.float64)).sum() / wt[sel].sum()) if wt[sel].sum() else disp[y, x]
+    return out

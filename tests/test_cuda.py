@@ -164,6 +164,21 @@ def test_fill_slope_identical(rng):
     np.testing.assert_array_equal(on_gpu("fill", disp, 3), on_cpu("fill", disp, 3))
 
 
+def test_weighted_median_identical(rng):
+    """The edge-aware weighted median: integer weights from one table, exact sums, so
+    the same map on both devices (colour and grey guides, holes, image borders)."""
+    x = np.arange(30)[None, :]
+    disp = (np.where(x < 13 + rng.integers(-2, 3, (14, 1)), 12.0, 4.0) + rng.normal(0, 0.4, (14, 30)))
+    disp = disp.astype(np.float32)
+    disp[rng.random(disp.shape) < 0.1] = np.nan
+    guide = rng.integers(0, 256, (14, 30, 3)).astype(np.uint8)
+    guide[:, :11] //= 4
+    for g, r in ((guide.reshape(14, -1), 4), (guide[:, :, 1].copy(), 3)):  # colour (rows of B, G, R), grey
+        got, want = on_gpu("weighted_median", disp, g, r), on_cpu("weighted_median", disp, g, r)
+        np.testing.assert_array_equal(got, want)
+        assert not np.array_equal(want, disp)
+
+
 def test_fill_long_rows_bit_exact(rng):
     """Rows much wider than the fill kernel's block: each thread takes a segment, and
     invalid runs cross segments, reach both borders, or fill a whole row."""

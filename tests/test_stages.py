@@ -178,6 +178,43 @@ def test_fill_slope_continues_a_slanted_border_surface():
     np.testing.assert_array_equal(got[:, 45:], flat[:, 45:])  # (the strip's last pixels, x >= d, differ)
 
 
+def edge_map(rng, h=20, w=26):
+    """Two surfaces (d about 4 and 12) with a ragged boundary, noise, holes, and a colour
+    guide whose edge runs a few pixels off the disparity edge."""
+    x = np.arange(w)[None, :]
+    edge = 11 + rng.integers(-2, 3, (h, 1))
+    disp = np.where(x < edge, 12.0, 4.0) + rng.normal(0, 0.3, (h, w))
+    disp = disp.astype(np.float32)
+    disp[rng.random((h, w)) < 0.1] = np.nan
+    guide = np.where((x < 9)[:, :, None], [200, 40, 90], [30, 160, 60]).repeat(h, 0)
+    guide = np.clip(guide + rng.integers(-6, 7, guide.shape), 0, 255).astype(np.uint8)
+    return disp, guide
+
+
+@pytest.mark.parametrize("r,grey", [(3, False), (4, True), (8, False)])
+def test_weighted_median_matches_reference(rng, r, grey):
+    disp, guide = edge_map(rng)
+    if grey:
+        guide = guide[:, :, 1:2]
+    got = BK.weighted_median(disp, guide.reshape(guide.shape[0], -1), r)  # rows of B, G, R bytes
+    np.testing.assert_array_equal(got, ref.weighted_median(disp, guide[:, :, 0] if grey else guide, r))
+    assert not np.array_equal(got, disp)  # some edge pixels moved
+
+
+def test_weighted_median_moves_depth_edges_to_image_edges():
+    """A foreground fattened 2 px past its colour edge (as a census window leaves it)
+    goes back to the colour edge; pixels away from disparity edges keep their values."""
+    h, w = 16, 40
+    x = np.arange(w)[None, :].repeat(h, 0)
+    guide = np.where((x < 20)[:, :, None], [220, 200, 40], [40, 60, 200]).astype(np.uint8)
+    disp = np.where(x < 22, 30.0, 10.0).astype(np.float32) + np.float32(0.25) * (x % 2)
+    got = BK.weighted_median(disp, guide.reshape(h, -1), 8)
+    assert np.all(np.abs(got[:, 20:22] - 10.0) <= 0.25)  # was 30
+    assert np.all(np.abs(got[:, 19:20] - 30.0) <= 0.25)  # the foreground keeps its own
+    np.testing.assert_array_equal(got[:, :19], disp[:, :19])  # no disparity edge within 2 px: untouched
+    np.testing.assert_array_equal(got[:, 25:], disp[:, 25:])
+
+
 @pytest.mark.parametrize("r", [1, 2])
 def test_median_matches_reference(rng, r):
     disp = noisy_map(rng)

@@ -5,6 +5,8 @@ import numpy as np
 
 from ..stages import aggregate, cost, preprocess, refine, select
 
+_WMF_LUT = refine.wmf_weights()
+
 
 def _meminfo(key):
     try:
@@ -130,3 +132,6 @@ class CpuBackend:
 
     def median(self, disp, r):
         return refine.median_cpu(disp, r)
+
+    def weighted_median(self, disp, guide, r):
+        return refine.weighted_median_cpu(disp, guide, guide.shape[1] // disp.shape[1], _WMF_LUT, r)

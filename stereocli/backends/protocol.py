@@ -109,3 +109,8 @@ class Backend(Protocol):
 
     def median(self, disp: Array, r: int) -> Array:
         """(2r+1)^2 median of the valid values; invalid stays invalid."""
+
+    def weighted_median(self, disp: Array, guide: Array, r: int) -> Array:
+        """At disparity edges, the median of the window of radius r weighted by colour
+        likeness in guide (the left image as H x (W * C) uint8, C = 3 or 1, on this
+        device); see refine.weighted_median_at."""

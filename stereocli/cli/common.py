@@ -66,8 +66,11 @@ def stage_options(f, auto=False):
                      help="Fill rejected pixels from their row: background = the smaller neighbour disparity, "
                           "nearest = the closer; along the image borders, the surface the right camera does "
                           "not see; slope = background, with that border surface continued along its slope "
-                          "[background]."),
-        click.option("--median", type=int, help="Median filter size: 0 (off), 3 or 5 [3]."),
+                          "[slope]."),
+        click.option("--median", type=int, help="Median filter size: 0 (off), 3 or 5 [0]."),
+        click.option("--weighted-median", type=int, metavar="RADIUS",
+                     help="At disparity edges, the median of a window of this radius weighted by colour likeness "
+                          "in the left image: depth edges follow the image's edges; 0 = off [8]."),
         click.option("--min-confidence", type=click.FloatRange(0, 1),
                      help="Invalidate pixels whose confidence (see --confidence) is below this; filled pixels "
                           "have 0, so any value > 0 also undoes the fill [0 = off]."),

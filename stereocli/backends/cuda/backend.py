@@ -448,3 +448,24 @@ class CudaBackend:
         out = self._empty((h, w), np.float32)
         self._launch2(kref.median_kernel, h, w, disp, r, out)
         return out
+
+    def weighted_median(self, disp, guide, r):
+        h, w = disp.shape
+        out = self._empty((h, w), np.float32)
+        edges = self._empty((h * w,), np.int32)
+        count = self._zeros((1,), np.int32)
+        self._launch2(kref.wmf_edges_kernel, h, w, disp, out, edges, count)
+        blocks = min((h * w + kc.TPB - 1) // kc.TPB, 8 * self._sm_count())  # a grid-stride loop over the list
+        kref.wmf_median_kernel[blocks, kc.TPB, self.stream](disp, guide, guide.shape[1] // w, self._wmf_lut(), r,
+                                                              edges, count, out)
+        return out
+
+    def _sm_count(self):
+        if "sms" not in self._tables:
+            self._tables["sms"] = 1 if kc.SIM else cuda.get_current_device().MULTIPROCESSOR_COUNT
+        return self._tables["sms"]
+
+    def _wmf_lut(self):
+        if "wmf" not in self._tables:
+            self._tables["wmf"] = self.upload(refine.wmf_weights())
+        return self._tables["wmf"]

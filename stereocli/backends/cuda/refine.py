@@ -7,6 +7,9 @@ from ...stages import refine as _ref
 from .common import CACHE, SIM, device_twins
 
 ref = device_twins(_ref)  # the stage's shared arithmetic, as device functions
+# local array sizes must be plain globals (a module attribute is not a compile-time constant)
+SLOPE_WINDOW = _ref.SLOPE_WINDOW
+WMF_MAX_SAMPLES = _ref.WMF_MAX_SAMPLES
 
 @cuda.jit(cache=CACHE)
 def lr_check_kernel(disp, disp_r, max_diff, out):
@@ -100,10 +103,37 @@ def slope_fit_kernel(disp, first, slopes, out):
 @cuda.jit(cache=CACHE)
 def slope_apply_kernel(disp, first, slopes, out):
     """Fill mode SLOPE, step 2: each such run continued along the median slope nearby."""
-    buf = cuda.local.array(_ref.SLOPE_WINDOW, float32)
+    buf = cuda.local.array(SLOPE_WINDOW, float32)
     x, y = cuda.grid(2)
     if y < disp.shape[0] and x < disp.shape[1] and first[y, x] >= 0:
         ref.slope_apply_at(disp, first, slopes, y, x, buf, out)
+
+
+@cuda.jit(cache=CACHE)
+def wmf_edges_kernel(disp, out, edges, count):
+    """The weighted median, step 1: out = disp, and the disparity edges listed in
+    `edges` (y * w + x; count[0] of them, in any order), so that step 2's warps are
+    busy on every lane (one thread per pixel idled 31 of 32 lanes: 3.9 ms at 1080p)."""
+    x, y = cuda.grid(2)
+    h, w = disp.shape
+    if y < h and x < w:
+        v = disp[y, x]
+        out[y, x] = v
+        if v == v and ref.disparity_edge_at(disp, y, x):
+            edges[cuda.atomic.add(count, 0, 1)] = y * w + x
+
+
+@cuda.jit(cache=CACHE)
+def wmf_median_kernel(disp, guide, nc, lut, r, edges, count, out):
+    """The weighted median, step 2: refine.weighted_median_at at each listed edge pixel."""
+    sb = cuda.local.array(WMF_MAX_SAMPLES, int32)
+    sw = cuda.local.array(WMF_MAX_SAMPLES, int32)
+    sd = cuda.local.array(WMF_MAX_SAMPLES, float32)
+    w = disp.shape[1]
+    for i in range(cuda.grid(1), count[0], cuda.gridsize(1)):
+        y = edges[i] // w
+        x = edges[i] - y * w
+        out[y, x] = ref.weighted_median_at(disp, guide, nc, lut, y, x, r, sb, sw, sd)
 
 
 @cuda.jit(cache=CACHE)
