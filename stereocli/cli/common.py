@@ -67,10 +67,10 @@ def stage_options(f, auto=False):
                           "nearest = the closer; along the image borders, the surface the right camera does "
                           "not see; slope = background, with that border surface continued along its slope "
                           "[slope]."),
-        click.option("--median", type=int, help="Median filter size: 0 (off), 3 or 5 [0]."),
+        click.option("--median", type=int, help="Median filter size: 0 (off), 3 or 5 [3]."),
         click.option("--weighted-median", type=int, metavar="RADIUS",
                      help="At disparity edges, the median of a window of this radius weighted by colour likeness "
-                          "in the left image: depth edges follow the image's edges; 0 = off [8]."),
+                          "in the left image: depth edges follow the image's edges; 0 = off [0; quality: 8]."),
         click.option("--min-confidence", type=click.FloatRange(0, 1),
                      help="Invalidate pixels whose confidence (see --confidence) is below this; filled pixels "
                           "have 0, so any value > 0 also undoes the fill [0 = off]."),

@@ -44,6 +44,9 @@ WMF_EDGE_R = 2
 WMF_SIGMA = 8.0
 WMF_ONE = 1024
 WMF_MAX_SAMPLES = (2 * WMF_MAX_RADIUS // WMF_STEP + 1) ** 2
+WMF_WEIGHT_BITS = 11  # a sample's word: its bin (signed, relative to the centre's) above its weight <= WMF_ONE
+WMF_WEIGHT_MASK = (1 << WMF_WEIGHT_BITS) - 1
+WMF_BIN_LIMIT = (1 << (31 - WMF_WEIGHT_BITS)) - 1  # bins further from the centre's count as this far
 
 
 @shared
@@ -468,49 +471,61 @@ def disparity_edge_at(disp, y, x):
 
 
 @shared
-def weighted_median_at(disp, guide, nc, lut, y, x, r, sb, sw, sd):
+def weighted_median_at(disp, guide, nc, lut, y, x, r, samples):
     """The weighted median disparity around the valid pixel (x, y) (see WMF_STEP): its
     1 px bin is the lowest bin b with 2 * weight(bins <= b) >= the total weight (found
     by bisection), the value the weighted mean of that bin's samples. guide: the left
     image as H x (W * nc) uint8, nc = 3 (B, G, R) or 1 (grey, its difference counted
-    three times); sb, sw, sd: scratch for WMF_MAX_SAMPLES bins, weights and disparities."""
+    three times); samples: int32 scratch for WMF_MAX_SAMPLES samples, each its bin
+    (relative to the centre's) and weight in one word (4 bytes a sample: the GPU keeps
+    them in cache)."""
     h, w = disp.shape
+    c = np.int32(math.floor(disp[y, x]))
+    g0 = np.int32(guide[y, x * nc])  # the centre's colour (a grey guide: its grey, counted three times)
+    g1 = np.int32(guide[y, x * nc + 1]) if nc == 3 else g0
+    g2 = np.int32(guide[y, x * nc + 2]) if nc == 3 else g0
     n = 0
     tot = 0
-    lo = np.int32(2 ** 30)
-    hi = np.int32(-(2 ** 30))
+    lo = np.int32(WMF_BIN_LIMIT)
+    hi = np.int32(-WMF_BIN_LIMIT)
     for j in range(max(0, y - r), min(h, y + r + 1), WMF_STEP):
         for i in range(max(0, x - r), min(w, x + r + 1), WMF_STEP):
             d = disp[j, i]
             if d == d:
-                dc = 0
-                for c in range(nc):
-                    dc += abs(np.int32(guide[j, i * nc + c]) - np.int32(guide[y, x * nc + c]))
-                wt = lut[dc * (3 // nc)]
-                b = np.int32(math.floor(d))
+                if nc == 3:
+                    dc = (abs(np.int32(guide[j, 3 * i]) - g0) + abs(np.int32(guide[j, 3 * i + 1]) - g1)
+                          + abs(np.int32(guide[j, 3 * i + 2]) - g2))
+                else:
+                    dc = 3 * abs(np.int32(guide[j, i]) - g0)
+                wt = lut[dc]
+                b = min(max(np.int32(math.floor(d)) - c, -WMF_BIN_LIMIT), WMF_BIN_LIMIT)
                 tot += wt
                 lo = min(lo, b)
                 hi = max(hi, b)
-                sb[n] = b
-                sw[n] = wt
-                sd[n] = d
+                samples[n] = (b << WMF_WEIGHT_BITS) | wt
                 n += 1
     while lo < hi:
         mid = (lo + hi) >> 1
         below = 0
         for k in range(n):
-            if sb[k] <= mid:
-                below += sw[k]
+            if samples[k] >> WMF_WEIGHT_BITS <= mid:
+                below += samples[k] & WMF_WEIGHT_MASK
         if 2 * below >= tot:
             hi = mid
         else:
             lo = mid + 1
     ws = 0
     wd = 0.0
-    for k in range(n):
-        if sb[k] == lo:
-            ws += sw[k]
-            wd += sw[k] * np.float64(sd[k])  # exact products and sums (few bits), in any order
+    k = 0
+    for j in range(max(0, y - r), min(h, y + r + 1), WMF_STEP):  # the same samples, in the same order
+        for i in range(max(0, x - r), min(w, x + r + 1), WMF_STEP):
+            d = disp[j, i]
+            if d == d:
+                if samples[k] >> WMF_WEIGHT_BITS == lo:
+                    wt = samples[k] & WMF_WEIGHT_MASK
+                    ws += wt
+                    wd += wt * np.float64(d)  # an exact product: a fused multiply-add rounds the same
+                k += 1
     if ws == 0:  # every sample of the bin weighs 0: the centre's own value
         return disp[y, x]
     return np.float32(wd / ws)
@@ -536,9 +551,7 @@ def weighted_median_cpu(disp, guide, nc, lut, r):
             hi[y, x] = b
     out = np.empty_like(disp)
     for y in prange(h):
-        sb = np.empty(WMF_MAX_SAMPLES, np.int32)
-        sw = np.empty(WMF_MAX_SAMPLES, np.int32)
-        sd = np.empty(WMF_MAX_SAMPLES, np.float32)
+        samples = np.empty(WMF_MAX_SAMPLES, np.int32)
         j0, j1 = max(0, y - WMF_EDGE_R), min(h, y + WMF_EDGE_R + 1)
         for x in range(w):
             v = disp[y, x]
@@ -550,5 +563,5 @@ def weighted_median_cpu(disp, guide, nc, lut, r):
                     a = min(a, lo[j, x])
                     b = max(b, hi[j, x])
                 if np.float64(b) - np.float64(a) >= WMF_EDGE:
-                    out[y, x] = weighted_median_at(disp, guide, nc, lut, y, x, r, sb, sw, sd)
+                    out[y, x] = weighted_median_at(disp, guide, nc, lut, y, x, r, samples)
     return out

@@ -436,8 +436,10 @@ class CudaBackend:
             first = self._empty((h, w), np.int32)
             slopes = self._empty((h, w), np.float32)
             sloped = self._empty((h, w), np.float32)
-            self._launch2(kref.slope_fit_kernel, h, w, disp, first, slopes, sloped)
-            self._launch2(kref.slope_apply_kernel, h, w, disp, first, slopes, sloped)
+            runs = self._empty((h * w,), np.int32)
+            count = self._zeros((1,), np.int32)
+            self._launch2(kref.slope_fit_kernel, h, w, disp, first, slopes, sloped, runs, count)
+            self._launch_list(kref.slope_apply_kernel, h * w, disp, first, slopes, runs, count, sloped)
             disp, mode = sloped, refine.BACKGROUND
         out = self._empty((h, w), np.float32)
         kref.fill_kernel[h, kref.FILL_THREADS, self.stream](disp, mode, out)
@@ -455,10 +457,15 @@ class CudaBackend:
         edges = self._empty((h * w,), np.int32)
         count = self._zeros((1,), np.int32)
         self._launch2(kref.wmf_edges_kernel, h, w, disp, out, edges, count)
-        blocks = min((h * w + kc.TPB - 1) // kc.TPB, 8 * self._sm_count())  # a grid-stride loop over the list
-        kref.wmf_median_kernel[blocks, kc.TPB, self.stream](disp, guide, guide.shape[1] // w, self._wmf_lut(), r,
-                                                              edges, count, out)
+        self._launch_list(kref.wmf_median_kernel, h * w, disp, guide, guide.shape[1] // w, self._wmf_lut(), r,
+                          edges, count, out)
         return out
+
+    def _launch_list(self, kernel, n, *args):
+        """A kernel whose threads stride over a list of at most n pixels built on the
+        device: few enough threads that their scratch arrays stay in cache."""
+        blocks = min((n + 127) // 128, kref.LIST_BLOCKS_PER_SM * self._sm_count())
+        kernel[blocks, 128, self.stream](*args)
 
     def _sm_count(self):
         if "sms" not in self._tables:

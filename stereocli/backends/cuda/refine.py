@@ -1,5 +1,6 @@
 """Refinement kernels (stages/refine.py on the GPU): left-right check, fill, median, and the connected components of the speckle filter."""
 import math
+import os
 
 from numba import cuda, float32, int32
 
@@ -10,6 +11,7 @@ ref = device_twins(_ref)  # the stage's shared arithmetic, as device functions
 # local array sizes must be plain globals (a module attribute is not a compile-time constant)
 SLOPE_WINDOW = _ref.SLOPE_WINDOW
 WMF_MAX_SAMPLES = _ref.WMF_MAX_SAMPLES
+LIST_BLOCKS_PER_SM = int(os.environ.get("STEREOCLI_LIST_BLOCKS", 4))  # of 128 threads, for the kernels over lists
 
 @cuda.jit(cache=CACHE)
 def lr_check_kernel(disp, disp_r, max_diff, out):
@@ -89,24 +91,31 @@ def fill_kernel(disp, mode, out):
 
 
 @cuda.jit(cache=CACHE)
-def slope_fit_kernel(disp, first, slopes, out):
+def slope_fit_kernel(disp, first, slopes, out, runs, count):
     """Fill mode SLOPE, step 1 (border_slope_cpu's first loop): at the end e of each run
-    that the border rule fills, its start and the slope fitted there; out = disp."""
+    that the border rule fills, its start and the slope fitted there, and e listed in
+    `runs` (y * w + e; count[0] of them, in any order); out = disp."""
     x, y = cuda.grid(2)
-    if y < disp.shape[0] and x < disp.shape[1]:
+    h, w = disp.shape
+    if y < h and x < w:
         out[y, x] = disp[y, x]
         x0 = ref.slope_run_start(disp, y, x)
         first[y, x] = x0
         slopes[y, x] = ref.slope_fit_at(disp, y, x) if x0 >= 0 else float32(math.nan)
+        if x0 >= 0:
+            runs[cuda.atomic.add(count, 0, 1)] = y * w + x
 
 
 @cuda.jit(cache=CACHE)
-def slope_apply_kernel(disp, first, slopes, out):
-    """Fill mode SLOPE, step 2: each such run continued along the median slope nearby."""
+def slope_apply_kernel(disp, first, slopes, runs, count, out):
+    """Fill mode SLOPE, step 2: each listed run continued along the median slope nearby
+    (a grid-stride loop over the list: a thread per pixel, each with its scratch array,
+    moved 2.5 GB through DRAM at 1080p, 1.05 ms)."""
     buf = cuda.local.array(SLOPE_WINDOW, float32)
-    x, y = cuda.grid(2)
-    if y < disp.shape[0] and x < disp.shape[1] and first[y, x] >= 0:
-        ref.slope_apply_at(disp, first, slopes, y, x, buf, out)
+    w = disp.shape[1]
+    for i in range(cuda.grid(1), count[0], cuda.gridsize(1)):
+        y = runs[i] // w
+        ref.slope_apply_at(disp, first, slopes, y, runs[i] - y * w, buf, out)
 
 
 @cuda.jit(cache=CACHE)
@@ -126,14 +135,12 @@ def wmf_edges_kernel(disp, out, edges, count):
 @cuda.jit(cache=CACHE)
 def wmf_median_kernel(disp, guide, nc, lut, r, edges, count, out):
     """The weighted median, step 2: refine.weighted_median_at at each listed edge pixel."""
-    sb = cuda.local.array(WMF_MAX_SAMPLES, int32)
-    sw = cuda.local.array(WMF_MAX_SAMPLES, int32)
-    sd = cuda.local.array(WMF_MAX_SAMPLES, float32)
+    samples = cuda.local.array(WMF_MAX_SAMPLES, int32)
     w = disp.shape[1]
     for i in range(cuda.grid(1), count[0], cuda.gridsize(1)):
         y = edges[i] // w
         x = edges[i] - y * w
-        out[y, x] = ref.weighted_median_at(disp, guide, nc, lut, y, x, r, sb, sw, sd)
+        out[y, x] = ref.weighted_median_at(disp, guide, nc, lut, y, x, r, samples)
 
 
 @cuda.jit(cache=CACHE)
