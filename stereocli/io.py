@@ -52,7 +52,11 @@ def to_grey(img: np.ndarray, keep_u8: bool = False) -> np.ndarray:
         return img if keep_u8 else img.astype(np.float32)
     if img.dtype == np.uint16:
         return img.astype(np.float32) * np.float32(255.0 / 65535.0)
-    img = np.where(np.isfinite(img), img, np.float32(0)).astype(np.float32)
+    return _unit_to_255(np.where(np.isfinite(img), img, np.float32(0)).astype(np.float32))
+
+
+def _unit_to_255(img: np.ndarray) -> np.ndarray:
+    """A finite float image in 0..1 scaled to 0..255; any other kept as it is."""
     hi = float(img.max()) if img.size else 1.0
     return img * np.float32(255.0) if hi <= 1.0 else img
 
@@ -71,10 +75,7 @@ def _guide_bytes(img: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(img)
     if img.dtype == np.uint16:
         return (img >> 8).astype(np.uint8)
-    img = np.nan_to_num(img.astype(np.float32), nan=0.0, posinf=0.0, neginf=0.0)
-    hi = float(img.max()) if img.size else 1.0
-    if hi <= 1.0:
-        img = img * np.float32(255.0)
+    img = _unit_to_255(np.nan_to_num(img.astype(np.float32), nan=0.0, posinf=0.0, neginf=0.0))
     return np.clip(np.rint(img), 0, 255).astype(np.uint8)
 
 

@@ -227,8 +227,8 @@ def _invalidate_nonfinite(disp: np.ndarray, left: np.ndarray, right: np.ndarray)
 def _run_strip(gl: np.ndarray, gr: np.ndarray, params: Params, bk, timer: _Timer, want_conf: bool = False,
                guide: np.ndarray | None = None):
     """gl, gr: grey strips, uint8 (the guide itself) or float32 0..255 -> (disparity,
-    confidence or None) of the strip; guide: the left strip as HxWxC uint8, for the
-    weighted median."""
+    confidence or None) of the strip; guide: the left strip as io.to_guide gives it, for
+    the weighted median."""
     if gl.dtype == np.uint8:
         G, Gr = bk.upload(gl), bk.upload(gr)
         if params.cost == "census" and params.preprocess == "none":

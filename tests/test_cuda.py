@@ -155,8 +155,8 @@ def test_refinement_bit_exact(rng):
 
 
 def test_fill_slope_identical(rng):
-    """--fill slope: the GPU backend continues the border strip on the host with the
-    CPU's function, then fills on the device: the same map."""
+    """--fill slope: the GPU's kernels continue the border strip with the CPU's shared
+    functions (fixed-point fits, so fused multiply-adds change nothing): the same map."""
     x = np.arange(90, dtype=np.float32)
     disp = np.tile(np.float32(30) + np.float32(0.15) * x, (12, 1))
     disp[:, :40] = np.nan

@@ -107,6 +107,7 @@ class CudaBackend:
         self._events = []  # timing events free for reuse (recycle_marks)
         self._tables = {}  # per-size constant tables on the device (path lines, census scale)
         self._pool = _POOL
+        self._sms = 1 if kc.SIM else cuda.get_current_device().MULTIPROCESSOR_COUNT  # for _launch_list
         if not kc.SIM and not _POOL.limit:
             _POOL.limit = cuda.current_context().get_memory_info()[1] // 2
 
@@ -464,13 +465,8 @@ class CudaBackend:
     def _launch_list(self, kernel, n, *args):
         """A kernel whose threads stride over a list of at most n pixels built on the
         device: few enough threads that their scratch arrays stay in cache."""
-        blocks = min((n + 127) // 128, kref.LIST_BLOCKS_PER_SM * self._sm_count())
+        blocks = min((n + 127) // 128, kref.LIST_BLOCKS_PER_SM * self._sms)
         kernel[blocks, 128, self.stream](*args)
-
-    def _sm_count(self):
-        if "sms" not in self._tables:
-            self._tables["sms"] = 1 if kc.SIM else cuda.get_current_device().MULTIPROCESSOR_COUNT
-        return self._tables["sms"]
 
     def _wmf_lut(self):
         if "wmf" not in self._tables:

@@ -1,4 +1,5 @@
-"""Refinement kernels (stages/refine.py on the GPU): left-right check, fill, median, and the connected components of the speckle filter."""
+"""Refinement kernels (stages/refine.py on the GPU): left-right check, fill (with the
+border slopes), median, weighted median, and the connected components of the speckle filter."""
 import math
 import os
 
