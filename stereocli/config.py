@@ -22,7 +22,8 @@ from .errors import StereoError
 
 PREPROCESS = ("none", "dog", "bilateral")
 COSTS = ("census", "sad", "ssd", "zsad", "zssd", "zncc", "bt", "mi")
-AGGREGATIONS = ("sgm", "none")
+AGGREGATIONS = ("sgm", "mgm", "none")
+MGM_PATHS = (4, 8)  # More Global Matching's passes: the four quadrants, or those and the four cones
 PATHS = (4, 8, 16)
 FILLS = ("none", "background", "nearest", "slope")
 DEVICES = ("auto", "cpu", "cuda")
@@ -105,6 +106,8 @@ class Params:
         choice("--cost", self.cost, COSTS)
         choice("--aggregation", self.aggregation, AGGREGATIONS)
         choice("--paths", self.paths, PATHS)
+        need(self.aggregation != "mgm" or self.paths in MGM_PATHS,
+             f"--aggregation mgm takes --paths 4 or 8, not {self.paths}; use 8, or sgm for 16 paths")
         choice("--fill", self.fill, FILLS)
         need(0 < self.dog_sigma1 < self.dog_sigma2,
              f"DoG sigmas must satisfy 0 < dog_sigma1 < dog_sigma2 (got {self.dog_sigma1}, {self.dog_sigma2})")

@@ -84,6 +84,8 @@ def bytes_per_row(width: int, params: Params, sgm_bytes: int = 2) -> int:
     the aggregation (the backend's sgm_bytes_per_element)."""
     d = params.num_disparities
     per = 1 + sgm_bytes  # cost volume uint8 + aggregation
+    if params.aggregation == "mgm":
+        per += 2  # a pass's path costs, which the GPU keeps whole (planned alike on every device)
     if params.cost not in ("census", "mi"):
         per += 12  # float32 difference volume and two box-filter passes
     if params.block > 1:
@@ -292,6 +294,8 @@ def _aggregate(bk, vol, guide, params: Params):
         vol = bk.box_u8(vol, params.block // 2)
     if params.aggregation == "sgm":
         return bk.sgm(vol, guide, params.p1, params.p2, params.adaptive_p2, params.paths)
+    if params.aggregation == "mgm":
+        return bk.mgm(vol, guide, params.p1, params.p2, params.adaptive_p2, params.paths)
     return vol
 
 

@@ -124,6 +124,47 @@ def sgm(C, guide, p1, p2, adaptive, paths):
     return S
 
 
+MGM_PASSES = [((-1, 0), (0, -1)), ((1, 0), (0, 1)), ((0, 1), (-1, 0)), ((0, -1), (1, 0)),
+              ((-1, -1), (1, -1)), ((1, -1), (1, 1)), ((1, 1), (-1, 1)), ((-1, 1), (-1, -1))]
+
+
+def mgm(C, guide, p1, p2, adaptive, paths):
+    """Textbook MGM (Facciolo et al. 2015): pass k has neighbours p + a, p + b and visits
+    the pixels in increasing order of -(a + b) . p (both neighbours come first); for each
+    neighbour q inside the image T_q = SGM's min(...) - min(L(q)), L = C + (T_a + T_b) // 2
+    (C + T_q with one, C with none); S = sum over the first `paths` passes."""
+    h, w, n = C.shape
+    S = np.zeros((h, w, n), np.int64)
+    C = C.astype(np.int64)
+    for a, b in MGM_PASSES[:paths]:
+        kx, ky = -(a[0] + b[0]), -(a[1] + b[1])
+        order = sorted(((kx * x + ky * y, y, x) for y in range(h) for x in range(w)))
+        L = np.zeros((h, w, n), np.int64)
+        for _, y, x in order:
+            terms = []
+            for dx, dy in (a, b):
+                qx, qy = x + dx, y + dy
+                if not (0 <= qx < w and 0 <= qy < h):
+                    continue
+                prev = L[qy, qx]
+                m = prev.min()
+                pen2 = p2
+                if adaptive:
+                    pen2 = max(p1, (p2 * 16) // (16 + abs(int(guide[y, x]) - int(guide[qy, qx]))))
+                t = np.empty(n, np.int64)
+                for d in range(n):
+                    best = min(prev[d], m + pen2)
+                    if d > 0:
+                        best = min(best, prev[d - 1] + p1)
+                    if d < n - 1:
+                        best = min(best, prev[d + 1] + p1)
+                    t[d] = best - m
+                terms.append(t)
+            L[y, x] = C[y, x] + (sum(terms) // len(terms) if terms else 0)
+        S += L
+    return S
+
+
 def wta(S, min_d, uniqueness, subpixel):
     h, w, n = S.shape
     out = np.full((h, w), np.nan, np.float32)

@@ -152,6 +152,8 @@ def bad_cases(tmp):
         "confidence png": (("match", LEFT, RIGHT, "-o", tmp / "o.pfm", "--confidence", tmp / "c.png", *ok), "float"),
         "min confidence": (("match", LEFT, RIGHT, "-o", tmp / "o.pfm", "--min-confidence", 2, *ok),
                            "--min-confidence"),
+        "mgm 16 paths": (("match", LEFT, RIGHT, "-o", tmp / "o.pfm", "--aggregation", "mgm", "--paths", 16, *ok),
+                         "--aggregation mgm takes --paths 4 or 8"),
         "weighted median radius": (("match", LEFT, RIGHT, "-o", tmp / "o.pfm", "--weighted-median", 40, *ok),
                                    "--weighted-median"),
         "batch no folder": (("batch", tmp / "nope", tmp, "-o", tmp / "out", *ok), "no such folder"),
@@ -186,7 +188,7 @@ def other_odd(tmp):
     "missing file", "unreadable", "size mismatch", "range too wide", "range outside", "negative window",
     "census too big", "unknown preset", "unknown cost", "unknown option", "missing folder", "no writer",
     "png range", "bad config", "p2 too big", "two stdins", "stdout no format", "format clash", "sbs odd width",
-    "depth no focal", "depth png", "confidence png", "min confidence", "weighted median radius", "batch no folder", "error maps no gt", "empty file", "truncated png", "pixel bomb",
+    "depth no focal", "depth png", "confidence png", "min confidence", "mgm 16 paths", "weighted median radius", "batch no folder", "error maps no gt", "empty file", "truncated png", "pixel bomb",
     "eval damaged pfm", "eval empty"])
 def test_bad_input_is_one_line_exit_2_and_no_output(tmp_path, case):
     args, needle = bad_cases(tmp_path)[case]

@@ -64,6 +64,33 @@ def test_sgm_matches_reference(rng, paths, adaptive):
 
 
 @pytest.mark.parametrize("paths", [4, 8])
+@pytest.mark.parametrize("h,w,n,adaptive", [(9, 11, 7, True), (13, 5, 6, False), (4, 17, 9, True)])
+def test_mgm_matches_reference(rng, paths, h, w, n, adaptive):
+    """More Global Matching: each pass's two neighbours, the quadrant passes walked pixel
+    by pixel and the cone passes (8 paths) by whole lines, by rows and by columns."""
+    C = rng.integers(0, 256, (h, w, n)).astype(np.uint8)
+    guide = rng.integers(0, 256, (h, w)).astype(np.uint8)
+    got = BK.mgm(C, guide, 20, 200, adaptive, paths)
+    assert got.dtype == np.uint16
+    np.testing.assert_array_equal(got, ref.mgm(C, guide, 20, 200, adaptive, paths))
+
+
+def test_mgm_spreads_a_match_over_the_quadrant_not_only_along_lines():
+    """A single strong match at the top-left corner: SGM's rightward and downward paths
+    carry it along its row and its column only; MGM's first pass carries it to every
+    pixel below and to the right of it."""
+    h, w, n = 6, 6, 4
+    C = np.full((h, w, n), 10, np.uint8)
+    C[0, 0] = [0, 10, 10, 10]  # disparity 0 preferred at one pixel only
+    guide = np.zeros((h, w), np.uint8)
+    from stereocli.stages import aggregate
+    S = aggregate.mgm_cpu(C, guide, 2, 8, False, 4)
+    sgm = aggregate.sgm_cpu(C, guide, 2, 8, False, 4)
+    assert (S[3, 3, 1:] > S[3, 3, 0]).all()  # off the corner's row and column: MGM prefers d = 0
+    assert (sgm[3, 3] == sgm[3, 3, 0]).all()  # SGM has no preference there
+
+
+@pytest.mark.parametrize("paths", [4, 8])
 @pytest.mark.parametrize("h,w", [(9, 11), (17, 5), (4, 40)])
 def test_sgm_vertical_sweeps_by_rows_and_by_lines_match_reference(rng, paths, h, w):
     """Many threads sweep the vertical paths in blocks of lines, few in raster passes:
@@ -191,9 +218,10 @@ def edge_map(rng, h=20, w=26):
     return disp, guide
 
 
-@pytest.mark.parametrize("r,grey", [(3, False), (4, True), (8, False)])
-def test_weighted_median_matches_reference(rng, r, grey):
+@pytest.mark.parametrize("r,grey,shift", [(3, False, 0.0), (4, True, -9.5), (8, False, 0.0), (8, False, -20.25)])
+def test_weighted_median_matches_reference(rng, r, grey, shift):
     disp, guide = edge_map(rng)
+    disp += np.float32(shift)  # negative disparities: bins are floors, below zero too
     if grey:
         guide = guide[:, :, 1:2]
     got = BK.weighted_median(disp, guide.reshape(guide.shape[0], -1), r)  # rows of B, G, R bytes

@@ -106,6 +106,9 @@ class CpuBackend:
     def sgm(self, vol, guide, p1, p2, adaptive, paths):
         return aggregate.sgm_cpu(vol, guide, p1, p2, adaptive, paths)
 
+    def mgm(self, vol, guide, p1, p2, adaptive, paths):
+        return aggregate.mgm_cpu(vol, guide, p1, p2, adaptive, paths)
+
     def sgm_bytes_per_element(self, paths):
         return 2
 

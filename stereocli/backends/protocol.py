@@ -89,6 +89,10 @@ class Backend(Protocol):
         grey guide: the uint16 sum (CPU), or the per-direction volumes (GPU) that `select`
         adds as it reads them."""
 
+    def mgm(self, vol: Array, guide: Array, p1: int, p2: int, adaptive: bool, paths: int) -> Array:
+        """More Global Matching (stages/aggregate.py) over 4 or 8 passes: the uint16 sum
+        of the passes' costs, (H, W, D), as sgm's parameters."""
+
     # ---------------------------------------------------------------- selection
     def select(self, agg, min_d: int, uniqueness: float, subpixel: bool, right: bool, confidence: bool = False):
         """(left float32 (H, W), right float32 (H, W) or None, confidence float32 (H, W) or

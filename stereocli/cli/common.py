@@ -51,9 +51,10 @@ def stage_options(f, auto=False):
         click.option("--cost", type=click.Choice(config.COSTS), help="Matching cost [census]."),
         click.option("--window", help="Cost window WxH or N, odd (census up to 9x7) [cost's default]."),
         click.option("--aggregation", type=click.Choice(config.AGGREGATIONS),
-                     help="sgm, or none for block matching [sgm]."),
+                     help="sgm (Semi-Global Matching), mgm (More Global Matching: two neighbours per "
+                          "step, no streaks; slower) or none for block matching [sgm]."),
         click.option("--block", type=int, help="Box aggregation of the costs, odd size, 1 = off [1]."),
-        click.option("--paths", type=click.Choice(["4", "8", "16"]), help="SGM path directions [8]."),
+        click.option("--paths", type=click.Choice(["4", "8", "16"]), help="SGM path directions; MGM passes (4 or 8) [8]."),
         click.option("--p1", type=int, help="SGM penalty for a 1 px disparity step, in cost units (0..255) [40]."),
         click.option("--p2", type=int, help="SGM penalty for larger steps [480]."),
         click.option("--adaptive-p2/--no-adaptive-p2", default=None,

@@ -339,3 +339,145 @@ def sgm_cpu(C, guide, p1, p2, adaptive, paths, by_lines=None):
     for i, (dx, dy) in enumerate(direction_pairs(paths)):
         sgm_line_pair_cpu(C, guide, np.int32(p1), p2tab, S, dx, dy, line_starts(h, w, dx, dy), i == 0)
     return S
+
+
+# ---------------------------------------------------------------- More Global Matching
+# MGM (Facciolo, de Franchis, Meinhardt, BMVC 2015): each pass's recursion takes two
+# neighbours a and b of p that the pass has already visited, instead of SGM's one:
+#     L(p, d) = C(p, d) + (T_a(d) + T_b(d)) // 2,
+#     T_q(d) = min(L(q, d), L(q, d+-1) + P1, min_k L(q, k) + P2') - min_k L(q, k),
+# P2' from the grey step between p and q (as SGM's). Where one neighbour lies outside
+# the image its T counts alone (C + T_q), where both do L = C. Information reaches p
+# from a whole quadrant (or a 90-degree cone) instead of one line, which removes SGM's
+# streaks. Each pass is a raster scan: the four "quadrant" passes have one neighbour on
+# the current line (a 2-D dependency: a line is walked pixel after pixel), the four
+# "cone" passes have both on the previous line (a line's pixels are independent).
+# 4 paths: the quadrant passes; 8: all. Neighbour offsets (dx, dy), as in the authors' code.
+MGM_PASSES = [((-1, 0), (0, -1)), ((1, 0), (0, 1)), ((0, 1), (-1, 0)), ((0, -1), (1, 0)),
+              ((-1, -1), (1, -1)), ((1, -1), (1, 1)), ((1, 1), (-1, 1)), ((-1, 1), (-1, -1))]
+MGM_PATHS = (4, 8)
+
+
+@shared
+def mgm_value(c, ta, tb, has_a, has_b):
+    """L = C + the mean of the two neighbours' terms (rounded down), or the one term that exists."""
+    if has_a and has_b:
+        return np.int32(c + ((ta + tb) >> 1))
+    if has_a:
+        return np.int32(c + ta)
+    if has_b:
+        return np.int32(c + tb)
+    return np.int32(c)
+
+
+def mgm_plan(a, b):
+    """How a pass with neighbour offsets a, b is walked: (row_major, su, sv, (adu, adv),
+    (bdu, bdv)). Lines u (rows when row_major, else columns) in the order su (+1: 0 up),
+    pixels v along a line in the order sv; a neighbour's offset in (u, v). A neighbour
+    on the current line comes first (adu == 0); b always lies on the previous line."""
+    (ax, ay), (bx, by) = a, b
+    row_major = not (ay == 0 and by == 0) and not (ax != 0 and bx != 0 and ax == bx)
+    if row_major:
+        pa, pb = (ay, ax), (by, bx)
+    else:
+        pa, pb = (ax, ay), (bx, by)
+    if pb[0] == 0:
+        pa, pb = pb, pa
+    su = -pb[0]
+    sv = -pa[1] if pa[0] == 0 else 1
+    return row_major, su, sv, pa, pb
+
+
+@njit(cache=CACHE, inline="always")
+def _mgm_pixel(C, guide, p1, p2tab, S, lines, mins, tmp, cur, prv, u, v, U, V, row_major, adu, adv, bdu, bdv, first):
+    """L and S at line u, pixel v of a pass (see mgm_plan); lines[cur or prv, v]: the
+    current and previous line's L (EDGE-padded), mins their minima."""
+    n = C.shape[2]
+    u = np.int64(u)  # a prange index is unsigned: mixed with u it would make float coordinates
+    v = np.int64(v)
+    y = u if row_major else v
+    x = v if row_major else u
+    g = np.int32(guide[y, x])
+    ua, va, ub, vb = u + adu, v + adv, u + bdu, v + bdv
+    has_a = 0 <= ua < U and 0 <= va < V
+    has_b = 0 <= ub < U and 0 <= vb < V
+    la = cur if adu == 0 else prv
+    ma = np.int32(0)
+    mb = np.int32(0)
+    p2a = np.int32(0)
+    p2b = np.int32(0)
+    if has_a:
+        ma = mins[la, va]
+        p2a = p2tab[abs(g - np.int32(guide[ua, va] if row_major else guide[va, ua]))]
+    if has_b:
+        mb = mins[prv, vb]
+        p2b = p2tab[abs(g - np.int32(guide[ub, vb] if row_major else guide[vb, ub]))]
+    mn = np.int32(EDGE)
+    if has_a and has_b:  # the common case: two loops over 1-D views, each of which LLVM vectorises
+        A = lines[la, va]  # (one loop that read the line buffer and wrote it and S did not:
+        B = lines[prv, vb]  # too many possible overlaps for its run-time checks)
+        T = tmp[v]
+        Cp = C[y, x]
+        for d in range(n):
+            ta = sgm_value(np.int32(0), np.int32(A[d + 1]), np.int32(A[d]), np.int32(A[d + 2]), ma, p1, p2a)
+            tb = sgm_value(np.int32(0), np.int32(B[d + 1]), np.int32(B[d]), np.int32(B[d + 2]), mb, p1, p2b)
+            T[d] = mgm_value(np.int32(Cp[d]), ta, tb, True, True)
+        O = lines[cur, v]
+        Sp = S[y, x]
+        for d in range(n):
+            val = T[d]
+            O[d + 1] = val
+            Sp[d] = val if first else Sp[d] + val
+            mn = min(mn, val)
+    else:  # an image border: one neighbour or none
+        q = la if has_a else prv
+        vq = va if has_a else vb
+        mq = ma if has_a else mb
+        p2q = p2a if has_a else p2b
+        one = has_a or has_b
+        for d in range(n):
+            t = np.int32(0)
+            if one:
+                t = sgm_value(np.int32(0), np.int32(lines[q, vq, d + 1]), np.int32(lines[q, vq, d]),
+                              np.int32(lines[q, vq, d + 2]), mq, p1, p2q)
+            val = mgm_value(np.int32(C[y, x, d]), t, t, has_a, has_b)
+            lines[cur, v, d + 1] = val
+            S[y, x, d] = val if first else S[y, x, d] + val
+            mn = min(mn, val)
+    mins[cur, v] = mn
+
+
+@njit(parallel=True, cache=CACHE)
+def mgm_pass_cpu(C, guide, p1, p2tab, S, row_major, su, sv, adu, adv, bdu, bdv, first):
+    """One MGM pass (see mgm_plan) into S (S = L when `first`, else S += L), keeping only
+    the previous and the current line's L. A quadrant pass walks each line pixel after
+    pixel (one thread); a cone pass takes a line's pixels in parallel."""
+    h, w, n = C.shape
+    U, V = (h, w) if row_major else (w, h)
+    lines = np.full((2, V, n + 2), EDGE, np.uint16)
+    mins = np.zeros((2, V), np.int32)
+    tmp = np.empty((V, n), np.int32)  # a pixel's new L, before it goes to lines and S
+    for i in range(U):
+        u = i if su > 0 else U - 1 - i
+        cur = i & 1
+        prv = 1 - cur
+        if adu == 0:
+            for k in range(V):
+                v = k if sv > 0 else V - 1 - k
+                _mgm_pixel(C, guide, p1, p2tab, S, lines, mins, tmp, cur, prv, u, v, U, V, row_major,
+                           adu, adv, bdu, bdv, first)
+        else:
+            for v in prange(V):
+                _mgm_pixel(C, guide, p1, p2tab, S, lines, mins, tmp, cur, prv, u, v, U, V, row_major,
+                           adu, adv, bdu, bdv, first)
+
+
+def mgm_cpu(C, guide, p1, p2, adaptive, paths):
+    """The uint16 sum of the MGM passes (4 paths: the quadrant passes, 8: all)."""
+    h, w, n = C.shape
+    S = np.empty((h, w, n), np.uint16)
+    p2tab = p2_table(p1, p2, adaptive)
+    for i, (a, b) in enumerate(MGM_PASSES[:paths]):
+        row_major, su, sv, (adu, adv), (bdu, bdv) = mgm_plan(a, b)
+        mgm_pass_cpu(C, guide, np.int32(p1), p2tab, S, row_major, su, sv, adu, adv, bdu, bdv, i == 0)
+    return S

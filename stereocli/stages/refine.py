@@ -531,37 +531,118 @@ def weighted_median_at(disp, guide, nc, lut, y, x, r, samples):
     return np.float32(wd / ws)
 
 
+WMF_INVALID = np.int32(-(1 << 30))  # weighted_median_cpu's floor(d) of a NaN
+
+
+@njit(cache=CACHE, inline="always")
+def _wmf_pixel(disp, fl, guide, nc, lut, y, x, r, bins, wts, ds, hist, off):
+    """weighted_median_at's value with one pass over the window instead of one per
+    bisection step: each sample's weight is added to a histogram of the bins as it is
+    gathered (hist[bin + off], zero outside [lo, hi] on entry and on return), the median
+    bin is the first at which the running weight reaches half, and the mean over the
+    gathered samples of that bin takes them in weighted_median_at's order (the same
+    float). fl: floor(disp), WMF_INVALID where disp is NaN."""
+    h, w = disp.shape
+    c = fl[y, x]
+    g0 = np.int32(guide[y, x * nc])
+    g1 = np.int32(guide[y, x * nc + 1]) if nc == 3 else g0
+    g2 = np.int32(guide[y, x * nc + 2]) if nc == 3 else g0
+    n = 0
+    tot = 0
+    lo = np.int32(WMF_BIN_LIMIT)
+    hi = np.int32(-WMF_BIN_LIMIT)
+    for j in range(max(0, y - r), min(h, y + r + 1), WMF_STEP):
+        for i in range(max(0, x - r), min(w, x + r + 1), WMF_STEP):
+            f = fl[j, i]
+            if f != WMF_INVALID:
+                if nc == 3:
+                    dc = (abs(np.int32(guide[j, 3 * i]) - g0) + abs(np.int32(guide[j, 3 * i + 1]) - g1)
+                          + abs(np.int32(guide[j, 3 * i + 2]) - g2))
+                else:
+                    dc = 3 * abs(np.int32(guide[j, i]) - g0)
+                wt = lut[dc]
+                b = f - c
+                hist[b + off] += wt
+                tot += wt
+                lo = min(lo, b)
+                hi = max(hi, b)
+                bins[n] = b
+                wts[n] = wt
+                ds[n] = disp[j, i]
+                n += 1
+    below = 0
+    m = hi
+    for b in range(lo, hi + 1):  # the lowest bin with 2 * weight(bins <= it) >= tot; the histogram cleared
+        below += hist[b + off]
+        hist[b + off] = 0
+        if 2 * below >= tot and b < m:
+            m = b
+    ws = 0
+    wd = 0.0
+    for k in range(n):  # without a branch (which bins match is random): adding exact zeros changes no sum
+        wk = wts[k] if bins[k] == m else 0
+        ws += wk
+        wd += wk * np.float64(ds[k])
+    if ws == 0:
+        return disp[y, x]
+    return np.float32(wd / ws)
+
+
 @njit(parallel=True, cache=CACHE)
 def weighted_median_cpu(disp, guide, nc, lut, r):
-    """weighted_median_at at the disparity edges (disparity_edge_at, here from separable
-    row and column extremes); elsewhere the map as it is."""
+    """weighted_median_at (by _wmf_pixel) at the disparity edges (disparity_edge_at, here
+    from separable extremes: NaN read as +inf for the minimum and -inf for the maximum,
+    so the loops have no branch); elsewhere the map as it is."""
     h, w = disp.shape
+    e = WMF_EDGE_R
     lo = np.empty((h, w), np.float32)
     hi = np.empty((h, w), np.float32)
+    fl = np.empty((h, w), np.int32)  # floor(d), WMF_INVALID where d is NaN
+    fmin = np.full(h, WMF_BIN_LIMIT, np.int32)
+    fmax = np.full(h, -WMF_BIN_LIMIT, np.int32)
     for y in prange(h):
-        for x in range(w):
-            a = np.float32(math.inf)
-            b = np.float32(-math.inf)
-            for i in range(max(0, x - WMF_EDGE_R), min(w, x + WMF_EDGE_R + 1)):
-                v = disp[y, i]
-                if v == v:
-                    a = min(a, v)
-                    b = max(b, v)
-            lo[y, x] = a
-            hi[y, x] = b
-    out = np.empty_like(disp)
-    for y in prange(h):
-        samples = np.empty(WMF_MAX_SAMPLES, np.int32)
-        j0, j1 = max(0, y - WMF_EDGE_R), min(h, y + WMF_EDGE_R + 1)
+        a = np.empty(w + 2 * e, np.float32)
+        b = np.empty(w + 2 * e, np.float32)
+        a[:e] = np.inf
+        a[w + e:] = np.inf
+        b[:e] = -np.inf
+        b[w + e:] = -np.inf
         for x in range(w):
             v = disp[y, x]
-            out[y, x] = v
-            if v == v:
-                a = lo[j0, x]
-                b = hi[j0, x]
-                for j in range(j0 + 1, j1):
-                    a = min(a, lo[j, x])
-                    b = max(b, hi[j, x])
-                if np.float64(b) - np.float64(a) >= WMF_EDGE:
-                    out[y, x] = weighted_median_at(disp, guide, nc, lut, y, x, r, samples)
+            nan = v != v
+            a[x + e] = np.inf if nan else v
+            b[x + e] = -np.inf if nan else v
+            f = WMF_INVALID if nan else min(max(np.int32(math.floor(v)), -WMF_BIN_LIMIT // 2), WMF_BIN_LIMIT // 2)
+            fl[y, x] = f
+            if not nan:
+                fmin[y] = min(fmin[y], f)
+                fmax[y] = max(fmax[y], f)
+        for x in range(w):
+            mn = a[x]
+            mx = b[x]
+            for i in range(1, 2 * e + 1):
+                mn = min(mn, a[x + i])
+                mx = max(mx, b[x + i])
+            lo[y, x] = mn
+            hi[y, x] = mx
+    span = max(0, fmax.max() - fmin.min())  # bins lie in [-span, span]
+    out = disp.copy()
+    for y in prange(h):
+        bins = np.empty(WMF_MAX_SAMPLES, np.int32)
+        wts = np.empty(WMF_MAX_SAMPLES, np.int32)
+        ds = np.empty(WMF_MAX_SAMPLES, np.float32)
+        hist = np.zeros(2 * span + 1, np.int32)
+        j0, j1 = max(0, y - e), min(h, y + e + 1)
+        spread = np.empty(w, np.float64)
+        for x in range(w):
+            mn = lo[j0, x]
+            mx = hi[j0, x]
+            for j in range(j0 + 1, j1):
+                mn = min(mn, lo[j, x])
+                mx = max(mx, hi[j, x])
+            spread[x] = np.float64(mx) - np.float64(mn)
+        for x in range(w):
+            v = disp[y, x]
+            if v == v and spread[x] >= WMF_EDGE:
+                out[y, x] = _wmf_pixel(disp, fl, guide, nc, lut, y, x, r, bins, wts, ds, hist, span)
     return out
