@@ -3,7 +3,10 @@ best of N) for census 9x7 + SGM + WTA + LR check, and the end-to-end time of
 stereocli.match with host arrays (default preset otherwise). One JSON line per
 configuration; the first line reports the cold (compile or cache load) time.
 
-    python benchmarks/gpu.py [--repeat 10] [--quick]
+    python benchmarks/gpu.py [--repeat 10] [--quick] [--preset quality]
+
+--preset changes the end-to-end pipeline only (the kernel times are always the
+default's census + SGM + WTA + LR check, the figures libSGM is compared with).
 
 Tuning knobs (see stereocli/backends/cuda/aggregate.py and select.py): STEREOCLI_SGM_K=4|8|16 forces the disparities per lane
 of the SGM kernel, STEREOCLI_SGM_REGS and STEREOCLI_SELECT_REGS the register caps of the
@@ -91,6 +94,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--quick", action="store_true", help="only 1242x375/128 and 1920x1080/128")
+    ap.add_argument("--preset", default="default", help="the end-to-end pipeline's preset [default]")
     ap.add_argument("--sim-check", action="store_true",
                     help="one tiny size, for NUMBA_ENABLE_CUDASIM=1 in CI (a check that the script runs)")
     a = ap.parse_args()
@@ -113,12 +117,13 @@ def main():
         timings = {}
         for _ in range(max(3, a.repeat // 3)):
             t = time.perf_counter()
-            _, timings = stereocli.match(left, right, device="cuda", num_disparities=ndisp, paths=paths)
+            _, timings = stereocli.match(left, right, preset=a.preset, device="cuda", num_disparities=ndisp,
+                                         paths=paths)
             ends.append((time.perf_counter() - t) * 1e3)
         volume_mb = w * h * ndisp / 1e6
         used = None if a.sim_check else device_bytes(
-            lambda: stereocli.match(left, right, device="cuda", num_disparities=ndisp, paths=paths))
-        emit(width=w, height=h, num_disparities=ndisp, paths=paths,
+            lambda: stereocli.match(left, right, preset=a.preset, device="cuda", num_disparities=ndisp, paths=paths))
+        emit(preset=a.preset, width=w, height=h, num_disparities=ndisp, paths=paths,
              kernel_ms={k2: round(v, 3) for k2, v in k.items()},
              libsgm_ms=libsgm, ratio_vs_libsgm=round(k["total"] / libsgm, 2) if libsgm else None,
              end_to_end_ms=round(min(ends), 2), libsgm_host_ms=libsgm_h2h,

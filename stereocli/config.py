@@ -25,7 +25,7 @@ COSTS = ("census", "sad", "ssd", "zsad", "zssd", "zncc", "bt", "mi")
 AGGREGATIONS = ("sgm", "mgm", "none")
 MGM_PATHS = (4, 8)  # More Global Matching's passes: the four quadrants, or those and the four cones
 PATHS = (4, 8, 16)
-FILLS = ("none", "background", "nearest", "slope")
+FILLS = ("none", "background", "nearest", "slope", "2d")
 DEVICES = ("auto", "cpu", "cuda")
 
 # Window used by each cost when none is given (width, height).

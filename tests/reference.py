@@ -286,6 +286,29 @@ def fill(disp, mode):
     return out
 
 
+def fill2d(disp, dirs=((0, 1), (0, -1), (1, 0), (-1, 0), (1, 1), (1, -1), (-1, 1), (-1, -1))):
+    """Hirschmueller's 2-D fill: each invalid pixel looks along each direction (dy, dx)
+    for the nearest valid pixel; it takes the second smallest of those disparities (the
+    smallest when one direction finds one; NaN when none does)."""
+    h, w = disp.shape
+    out = disp.copy()
+    for y in range(h):
+        for x in range(w):
+            if not np.isnan(disp[y, x]):
+                continue
+            found = []
+            for dy, dx in dirs:
+                k = 1
+                while 0 <= y + k * dy < h and 0 <= x + k * dx < w:
+                    if not np.isnan(disp[y + k * dy, x + k * dx]):
+                        found.append(disp[y + k * dy, x + k * dx])
+                        break
+                    k += 1
+            if found:
+                out[y, x] = sorted(found)[min(1, len(found) - 1)]
+    return out
+
+
 def border_slope(disp, fit=40, band=1.0, smax=0.3, rms=0.3, rows=8, cols=10):
     """Fill mode "slope" before the background fill: each invalid run whose right-hand
     valid pixel e has d > x takes d(e) + s * (x - e) where that is > x; s is the median

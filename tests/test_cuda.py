@@ -76,6 +76,25 @@ def test_sgm_bit_exact_for_every_lane_grouping(rng, ndisp, paths):
     np.testing.assert_array_equal(on_gpu("sgm", C, G, 20, 200, True, paths), on_cpu("sgm", C, G, 20, 200, True, paths))
 
 
+@pytest.mark.parametrize("paths", [4, 8])
+def test_mgm_bit_exact(rng, paths):
+    """MGM's wavefront of lines (each waits for the one before) gives the CPU's sums."""
+    C = rng.integers(0, 256, (6, 9, 5)).astype(np.uint8)
+    G = rng.integers(0, 256, (6, 9)).astype(np.uint8)
+    np.testing.assert_array_equal(on_gpu("mgm", C, G, 20, 200, True, paths), on_cpu("mgm", C, G, 20, 200, True, paths))
+
+
+@pytest.mark.skipif(not REAL_GPU, reason="large volumes: slow under the simulator")
+@pytest.mark.parametrize("h,w,ndisp,paths", [(23, 37, 13, 8), (64, 200, 64, 8), (300, 41, 130, 4), (50, 60, 500, 8)])
+def test_mgm_bit_exact_on_the_gpu(rng, h, w, ndisp, paths):
+    """Many lines in flight at once (tall and wide images), several disparities a thread."""
+    C = rng.integers(0, 256, (h, w, ndisp)).astype(np.uint8)
+    G = rng.integers(0, 256, (h, w)).astype(np.uint8)
+    want = on_cpu("mgm", C, G, 20, 200, True, paths)
+    for _ in range(3):  # the wavefront's timing differs from run to run; the sums must not
+        np.testing.assert_array_equal(on_gpu("mgm", C, G, 20, 200, True, paths), want)
+
+
 @pytest.mark.skipif(REAL_GPU, reason="the simulator's multi-lane exchange; a GPU uses warp shuffles")
 def test_sgm_lane_exchange_under_simulator():
     """The SGM kernel with 4 lanes per line (each holding 2 disparities) exchanges
@@ -162,6 +181,14 @@ def test_fill_slope_identical(rng):
     disp[:, :40] = np.nan
     disp[rng.random(disp.shape) < 0.2] = np.nan
     np.testing.assert_array_equal(on_gpu("fill", disp, 3), on_cpu("fill", disp, 3))
+
+
+def test_fill2d_identical(rng):
+    """--fill 2d: the border strip, then the 8-direction fill, a thread a pixel."""
+    disp = rng.uniform(0, 30, (16, 40)).astype(np.float32)
+    disp[rng.random(disp.shape) < 0.5] = np.nan
+    disp[:, :12] = np.nan
+    np.testing.assert_array_equal(on_gpu("fill", disp, 4), on_cpu("fill", disp, 4))
 
 
 def test_weighted_median_identical(rng):

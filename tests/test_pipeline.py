@@ -12,7 +12,7 @@ from stereocli.config import COSTS
 @pytest.mark.parametrize("cost", COSTS)
 def test_every_cost_finds_an_integer_shift(cost):
     left, right = textured_pair(h=40, w=64, shift=5, seed=3)
-    disp, timings = stereocli.match(left, right, num_disparities=12, cost=cost, median=0)
+    disp, timings = stereocli.match(left, right, num_disparities=12, cost=cost, median=0, weighted_median=0)
     inner = disp[4:-4, 16:-4]
     assert np.nanmean(np.abs(inner - 5) < 0.5) > 0.95
     # every stage that ran is timed, in pipeline order (the median filters are off here)
@@ -134,12 +134,17 @@ def test_memory_budget_too_small_is_a_user_error():
 def test_colour_and_16bit_inputs_give_the_same_result_as_grey():
     left = cv2.imread(str(SAMPLE / "left.png"))
     right = cv2.imread(str(SAMPLE / "right.png"))
-    d8, _ = stereocli.match(left, right, num_disparities=16)
     gl, gr = cv2.cvtColor(left, cv2.COLOR_BGR2GRAY), cv2.cvtColor(right, cv2.COLOR_BGR2GRAY)
-    dg, _ = stereocli.match(gl, gr, num_disparities=16)
+    # matching runs on grey: without the weighted median (which weighs by colour) the same map
+    d8, _ = stereocli.match(left, right, num_disparities=16, weighted_median=0)
+    dg, _ = stereocli.match(gl, gr, num_disparities=16, weighted_median=0)
     np.testing.assert_array_equal(d8, dg)
+    # with it (the default), colour moves a few depth-edge pixels only
+    c, _ = stereocli.match(left, right, num_disparities=16)
+    g, _ = stereocli.match(gl, gr, num_disparities=16)
+    assert 0 < np.mean(np.abs(c - g) > 0.5) < 0.03
     d16, _ = stereocli.match(gl.astype(np.uint16) * 257, gr.astype(np.uint16) * 257, num_disparities=16)
-    np.testing.assert_allclose(d16, dg, atol=1e-3)
+    np.testing.assert_allclose(d16, g, atol=1e-3)
 
 
 def test_mutual_information_survives_a_different_camera_response():

@@ -205,6 +205,32 @@ def test_fill_slope_continues_a_slanted_border_surface():
     np.testing.assert_array_equal(got[:, 45:], flat[:, 45:])  # (the strip's last pixels, x >= d, differ)
 
 
+@pytest.mark.parametrize("holes", [0.2, 0.6, 0.97])
+def test_fill2d_matches_reference(rng, holes):
+    """--fill 2d after the border strip: the second lowest of 8 directions' nearest valid
+    disparities (sparse holes, large ones, pixels that see one direction or none)."""
+    disp = rng.uniform(0, 30, (15, 21)).astype(np.float32)
+    disp[rng.random(disp.shape) < holes] = np.nan
+    np.testing.assert_array_equal(refine.fill2d_cpu(disp, refine.FILL2D_DIRECTIONS), ref.fill2d(disp))
+    got = BK.fill(disp, refine.DIRECTIONS)
+    np.testing.assert_array_equal(got, ref.fill2d(refine.border_slope_cpu(disp)))
+
+
+def test_fill2d_fills_an_occlusion_with_the_background_around_it():
+    """The occlusion right of a foreground block (20 on a background of 5): the 2-D fill
+    gives it the background seen above, below and right of it; a lone wrong low value
+    at the hole's edge, which the row fill copies along its row, does not decide it
+    (the second lowest)."""
+    disp = np.full((12, 24), 5.0, np.float32)
+    disp[3:9, 4:13] = 20.0
+    disp[3:9, 13:18] = np.nan  # what the right camera does not see
+    disp[5, 18] = 0.5
+    hole = np.isnan(disp)
+    got = BK.fill(disp, refine.DIRECTIONS)
+    assert (got[hole] == 5.0).all()
+    assert (BK.fill(disp, refine.SLOPE)[5][hole[5]] == 0.5).all()
+
+
 def edge_map(rng, h=20, w=26):
     """Two surfaces (d about 4 and 12) with a ragged boundary, noise, holes, and a colour
     guide whose edge runs a few pixels off the disparity edge."""

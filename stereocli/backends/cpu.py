@@ -129,6 +129,8 @@ class CpuBackend:
         return refine.keep_confidence_cpu(conf, disp)
 
     def fill(self, disp, mode):
+        if mode == refine.DIRECTIONS:
+            return refine.fill2d_cpu(refine.border_slope_cpu(disp), refine.FILL2D_DIRECTIONS)
         if mode == refine.SLOPE:
             disp, mode = refine.border_slope_cpu(disp), refine.BACKGROUND
         return refine.fill_cpu(disp, mode)

@@ -66,7 +66,8 @@ def stage_options(f, auto=False):
         click.option("--fill", type=click.Choice(config.FILLS),
                      help="Fill rejected pixels from their row: background = the smaller neighbour disparity, "
                           "nearest = the closer; along the image borders, the surface the right camera does "
-                          "not see; slope = background, with that border surface continued along its slope "
+                          "not see; slope = background, with that border surface continued along its slope; "
+                          "2d = that border, then the second lowest disparity seen along 8 directions "
                           "[slope]."),
         click.option("--median", type=int, help="Median filter size: 0 (off), 3 or 5 [3]."),
         click.option("--weighted-median", type=int, metavar="RADIUS",

@@ -8,9 +8,17 @@ from numba import njit, prange
 from ..config import WMF_MAX_RADIUS
 from . import CACHE, shared
 
-BACKGROUND, NEAREST, SLOPE = 1, 2, 3  # fill modes: the smaller neighbour disparity, the closer one,
-# or BACKGROUND after border_slope_cpu has continued the surfaces into the left border strip
-FILL_MODES = {"background": BACKGROUND, "nearest": NEAREST, "slope": SLOPE}
+BACKGROUND, NEAREST, SLOPE, DIRECTIONS = 1, 2, 3, 4  # fill modes: the smaller neighbour disparity,
+# the closer one, or BACKGROUND after border_slope_cpu has continued the surfaces into the left
+# border strip; DIRECTIONS: after border_slope_cpu, the 2-D fill (fill2d_at)
+FILL_MODES = {"background": BACKGROUND, "nearest": NEAREST, "slope": SLOPE, "2d": DIRECTIONS}
+
+# The 2-D fill (Hirschmueller 2008, section 4.3): an invalid pixel takes the second
+# lowest of the nearest valid disparities found along 8 directions (dy, dx) (a
+# background value that one stray low value does not decide), the lowest if only one
+# direction finds any. On the shared scenes 16 directions measured the same (bad-2
+# mean 3.70 against 3.66 with the quality preset).
+FILL2D_DIRECTIONS = np.array([(0, 1), (0, -1), (1, 0), (-1, 0), (1, 1), (1, -1), (-1, 1), (-1, -1)], np.int32)
 
 # border_slope_cpu: the valid pixels a slope is fitted to, their band around the first one,
 # the largest residual (RMS, px) and slope (px per px) kept, and the window of fits whose
@@ -426,6 +434,49 @@ def slope_apply_at(disp, first, slopes, y, e, buf, out):
             out[y, x] = v
 
 
+@shared
+def fill2d_at(disp, dirs, y, x):
+    """The 2-D fill of the invalid pixel (x, y): the second lowest of the nearest valid
+    disparities along the directions dirs[k] = (dy, dx) (the lowest if one direction
+    finds any, NaN if none does)."""
+    h, w = disp.shape
+    lo1 = np.float32(math.inf)
+    lo2 = np.float32(math.inf)
+    found = 0
+    for k in range(dirs.shape[0]):
+        dy = dirs[k, 0]
+        dx = dirs[k, 1]
+        yy = y + dy
+        xx = x + dx
+        while 0 <= yy < h and 0 <= xx < w:
+            v = disp[yy, xx]
+            if v == v:
+                found += 1
+                if v < lo1:
+                    lo2 = lo1
+                    lo1 = v
+                elif v < lo2:
+                    lo2 = v
+                break
+            yy += dy
+            xx += dx
+    if found == 0:
+        return np.float32(math.nan)
+    return lo1 if found == 1 else lo2
+
+
+@njit(parallel=True, cache=CACHE)
+def fill2d_cpu(disp, dirs):
+    """fill2d_at at every invalid pixel."""
+    h, w = disp.shape
+    out = disp.copy()
+    for y in prange(h):
+        for x in range(w):
+            if disp[y, x] != disp[y, x]:
+                out[y, x] = fill2d_at(disp, dirs, y, x)
+    return out
+
+
 @njit(parallel=True, cache=CACHE)
 def border_slope_cpu(disp):
     """The strip along the left border that the right camera does not see, continued
@@ -571,12 +622,14 @@ def _wmf_pixel(disp, fl, guide, nc, lut, y, x, r, bins, wts, ds, hist, off):
                 ds[n] = disp[j, i]
                 n += 1
     below = 0
-    m = hi
-    for b in range(lo, hi + 1):  # the lowest bin with 2 * weight(bins <= it) >= tot; the histogram cleared
-        below += hist[b + off]
-        hist[b + off] = 0
-        if 2 * below >= tot and b < m:
-            m = b
+    m = lo
+    while True:  # the lowest bin with 2 * weight(bins <= it) >= tot
+        below += hist[m + off]
+        if 2 * below >= tot:
+            break
+        m += 1
+    for k in range(n):  # the histogram cleared for the next pixel
+        hist[bins[k] + off] = 0
     ws = 0
     wd = 0.0
     for k in range(n):  # without a branch (which bins match is random): adding exact zeros changes no sum
@@ -600,31 +653,33 @@ def weighted_median_cpu(disp, guide, nc, lut, r):
     fl = np.empty((h, w), np.int32)  # floor(d), WMF_INVALID where d is NaN
     fmin = np.full(h, WMF_BIN_LIMIT, np.int32)
     fmax = np.full(h, -WMF_BIN_LIMIT, np.int32)
-    for y in prange(h):
+    for y in prange(h):  # elementwise loops over x (they vectorise)
         a = np.empty(w + 2 * e, np.float32)
         b = np.empty(w + 2 * e, np.float32)
         a[:e] = np.inf
         a[w + e:] = np.inf
         b[:e] = -np.inf
         b[w + e:] = -np.inf
+        f0 = np.int32(WMF_BIN_LIMIT)
+        f1 = np.int32(-WMF_BIN_LIMIT)
         for x in range(w):
             v = disp[y, x]
-            nan = v != v
-            a[x + e] = np.inf if nan else v
-            b[x + e] = -np.inf if nan else v
-            f = WMF_INVALID if nan else min(max(np.int32(math.floor(v)), -WMF_BIN_LIMIT // 2), WMF_BIN_LIMIT // 2)
-            fl[y, x] = f
-            if not nan:
-                fmin[y] = min(fmin[y], f)
-                fmax[y] = max(fmax[y], f)
+            ok = v == v
+            a[x + e] = v if ok else np.inf
+            b[x + e] = v if ok else -np.inf
+            f = min(max(np.int32(math.floor(v)) if ok else np.int32(0), -WMF_BIN_LIMIT // 2), WMF_BIN_LIMIT // 2)
+            fl[y, x] = f if ok else WMF_INVALID
+            f0 = min(f0, f if ok else np.int32(WMF_BIN_LIMIT))
+            f1 = max(f1, f if ok else np.int32(-WMF_BIN_LIMIT))
+        fmin[y] = f0
+        fmax[y] = f1
         for x in range(w):
-            mn = a[x]
-            mx = b[x]
-            for i in range(1, 2 * e + 1):
-                mn = min(mn, a[x + i])
-                mx = max(mx, b[x + i])
-            lo[y, x] = mn
-            hi[y, x] = mx
+            lo[y, x] = a[x]
+            hi[y, x] = b[x]
+        for i in range(1, 2 * e + 1):
+            for x in range(w):
+                lo[y, x] = min(lo[y, x], a[x + i])
+                hi[y, x] = max(hi[y, x], b[x + i])
     span = max(0, fmax.max() - fmin.min())  # bins lie in [-span, span]
     out = disp.copy()
     for y in prange(h):
@@ -633,16 +688,14 @@ def weighted_median_cpu(disp, guide, nc, lut, r):
         ds = np.empty(WMF_MAX_SAMPLES, np.float32)
         hist = np.zeros(2 * span + 1, np.int32)
         j0, j1 = max(0, y - e), min(h, y + e + 1)
-        spread = np.empty(w, np.float64)
-        for x in range(w):
-            mn = lo[j0, x]
-            mx = hi[j0, x]
-            for j in range(j0 + 1, j1):
-                mn = min(mn, lo[j, x])
-                mx = max(mx, hi[j, x])
-            spread[x] = np.float64(mx) - np.float64(mn)
+        mn = lo[j0].copy()
+        mx = hi[j0].copy()
+        for j in range(j0 + 1, j1):
+            for x in range(w):
+                mn[x] = min(mn[x], lo[j, x])
+                mx[x] = max(mx[x], hi[j, x])
         for x in range(w):
             v = disp[y, x]
-            if v == v and spread[x] >= WMF_EDGE:
+            if v == v and np.float64(mx[x]) - np.float64(mn[x]) >= WMF_EDGE:
                 out[y, x] = _wmf_pixel(disp, fl, guide, nc, lut, y, x, r, bins, wts, ds, hist, span)
     return out

@@ -1,7 +1,7 @@
 """Aggregation kernels (stages/aggregate.py on the GPU): box aggregation of a uint8 volume, and the SGM path-line kernel."""
 import os
 
-from numba import cuda, int32, uint32, uint64
+from numba import cuda, int32, uint16, uint32, uint64
 
 from ...stages import aggregate as _agg
 from .common import _REGS, BIG, CACHE, SGM_K, SGM_LANES, SGM_WARPS, SIM, _volume_index, from_lane_above, from_lane_below, warp_min, device_twins
@@ -351,3 +351,196 @@ def sgm_sum_kernel(Sp, S):
         for q in range(npairs):
             acc += Sp[q, y, x, d]
         S[y, x, d] = acc
+
+
+# ---------------------------------------------------------------- More Global Matching
+# One pass (stages/aggregate.py: mgm_plan) per launch. A block takes a tile of
+# MGM_TILE consecutive lines (the next tile in the pass's order, from a ticket counter),
+# a warp per line, a lane per K disparities in registers. The warps walk their lines
+# skewed: at step s warp r is at pixel s - skew * r, so the neighbours it needs on the
+# previous line (warp r - 1's pixels k, or k - 1 and k + 1 for a cone pass, skew 2)
+# are final in shared memory, behind one block barrier per step; the neighbour on the
+# same line, the previous pixel, is still in registers. A tile's first line reads the
+# previous tile's last line from global memory (past L1: ld.global.cg, as L1 is not
+# coherent between SMs) once that tile has published (progress, every MGM_PUBLISH
+# pixels, after a fence) that it is far enough. Tickets are handed out in order, so a
+# block waits only for blocks that already run (no deadlock whatever the grid). The
+# simulator runs a lane per line (K up to MGM_K disparities) and tiles of 3 lines.
+MGM_LANES = SGM_LANES
+MGM_TILE = 3 if SIM else int(os.environ.get("STEREOCLI_MGM_TILE", "8"))  # (tuning knobs)
+MGM_PUBLISH = int(os.environ.get("STEREOCLI_MGM_PUBLISH", "4"))
+MGM_RING = 4  # a line's last pixels kept in shared memory for the next line
+MGM_K = 16
+MGM_MAX_DISPARITIES = MGM_LANES * MGM_K
+_MGM_EDGE = _agg.EDGE
+_MGM_KERNELS = {}
+
+if SIM:  # (a lane per line there: no warp to synchronise)
+    @cuda.jit(device=True)
+    def _l2(a, i):
+        return a[i]
+
+    @cuda.jit(device=True)
+    def _syncwarp():
+        pass
+else:
+    @cuda.jit(device=True, inline=True)
+    def _syncwarp():
+        cuda.syncwarp(0xFFFFFFFF)
+
+    @cuda.jit(device=True, inline=True)
+    def _l2(a, i):
+        """a[i] from L2 (another block wrote it during this launch)."""
+        return cuda.ldcg(a, i)
+
+
+def mgm_kernel_for(ndisp):
+    """(kernel, K) for D disparities: the smallest K of 1, 2, 4, 8, 16 with 32 lanes (the
+    simulator: one lane) covering them."""
+    K = 1
+    while K * MGM_LANES < ndisp:
+        K *= 2
+    if K > MGM_K:
+        raise ValueError(f"{ndisp} disparities need more than {MGM_K} per lane")
+    if K not in _MGM_KERNELS:
+        _MGM_KERNELS[K] = _make_mgm_kernel(K)
+    return _MGM_KERNELS[K], K
+
+
+def _make_mgm_kernel(K):
+    T, R, P = MGM_TILE, MGM_RING, MGM_PUBLISH
+    ROW = MGM_LANES * K + 2  # a ring row: the disparities of 32 lanes of K, EDGE-padded
+
+    @cuda.jit(device=True, inline=True)
+    def prev_term(ring, rmin, r1, slot, Lg, Mg, o, mo, from_global, lane, c0, n, p1, p2, t):
+        """t[j] = SGM's term from a pixel of the previous line (ring slot of warp r1, or
+        Lg at flat offset o of its disparity 0 and Mg[mo] when from_global)."""
+        m = _l2(Mg, mo) if from_global else rmin[r1, slot]
+        for j in range(K):
+            d = c0 + j
+            if d < n:
+                if from_global:
+                    mid = int32(_l2(Lg, o + d))
+                    lo = int32(_l2(Lg, o + d - 1)) if d > 0 else int32(_MGM_EDGE)
+                    hi = int32(_l2(Lg, o + d + 1)) if d < n - 1 else int32(_MGM_EDGE)
+                else:
+                    mid = int32(ring[r1, slot, d + 1])
+                    lo = int32(ring[r1, slot, d])
+                    hi = int32(ring[r1, slot, d + 2])
+                t[j] = agg.sgm_value(int32(0), mid, lo, hi, m, p1, p2)
+
+    @cuda.jit(cache=CACHE)
+    def kernel(C, guide, p1, p2tab, S, Lg, Mg, progress, ticket, row_major, su, sv, adu, adv, bdu, bdv, first):
+        h, w, n = C.shape
+        U = h if row_major else w
+        V = w if row_major else h
+        ring = cuda.shared.array((T, R, ROW), uint16)  # each warp's last pixels' L, EDGE-padded
+        rmin = cuda.shared.array((T, R), int32)
+        tile_id = cuda.shared.array(1, int32)
+        scratch = cuda.shared.array((T, 32), int32)  # the simulator's lane exchange
+        tid = cuda.threadIdx.x
+        r = tid // MGM_LANES  # this warp's line in the tile
+        lane = tid % MGM_LANES
+        if tid == 0:
+            tile_id[0] = cuda.atomic.add(ticket, 0, 1)
+        for q in range(tid, T * R * ROW, T * MGM_LANES):
+            ring[q // (R * ROW), (q // ROW) % R, q % ROW] = _MGM_EDGE
+        cuda.syncthreads()
+        tile = tile_id[0]
+        i = tile * T + r  # the line's index in the pass's order
+        u = i if su > 0 else U - 1 - i
+        cone = adu != 0
+        skew = 2 if cone else 1
+        last = r == T - 1 or i == U - 1  # the tile's last line: to global memory for the next tile
+        c0 = lane * K
+        La = cuda.local.array(K, int32)  # this line's L at the previous pixel
+        ta = cuda.local.array(K, int32)
+        tb = cuda.local.array(K, int32)
+        cn = cuda.local.array(K, int32)  # C and S (of the earlier passes) at this warp's next pixel,
+        sn = cuda.local.array(K, int32)  # loaded a step ahead: their latency hides behind the barrier
+        for j in range(K):
+            La[j] = int32(_MGM_EDGE)
+            d = c0 + j
+            if d < n and i < U:
+                v0 = 0 if sv > 0 else V - 1
+                y0 = u if row_major else v0
+                x0 = v0 if row_major else u
+                cn[j] = int32(C[y0, x0, d])
+                sn[j] = int32(0) if first else int32(S[y0, x0, d])
+        m = int32(0)
+        known = int32(0)  # (warp 0, lane 0) the previous tile's progress seen so far
+        for s in range(V + skew * (T - 1)):
+            k = s - skew * r
+            if 0 <= k < V and i < U:
+                v = k if sv > 0 else V - 1 - k
+                y = u if row_major else v
+                x = v if row_major else u
+                ua, va, ub, vb = u + adu, v + adv, u + bdu, v + bdv
+                has_a = 0 <= ua < U and 0 <= va < V
+                has_b = 0 <= ub < U and 0 <= vb < V
+                ya = ua if row_major else va
+                xa = va if row_major else ua
+                yb = ub if row_major else vb
+                xb = vb if row_major else ub
+                glob = r == 0 and i > 0  # the previous line is the previous tile's last
+                if glob:
+                    if lane == 0:
+                        need = min(V, k + skew)  # its pixels up to this one's neighbour
+                        while known < need:
+                            known = cuda.atomic.add(progress, tile - 1, 0)
+                    _syncwarp()
+                g = int32(guide[y, x])
+                p2a = p2tab[abs(g - int32(guide[ya, xa]))] if has_a else int32(0)
+                p2b = p2tab[abs(g - int32(guide[yb, xb]))] if has_b else int32(0)
+                if has_a:
+                    if cone:
+                        prev_term(ring, rmin, r - 1, (k + adv * sv) % R, Lg, Mg, (ya * w + xa) * n, ya * w + xa, glob,
+                                  lane, c0, n, p1, p2a, ta)
+                    else:
+                        below = from_lane_below(La[K - 1], scratch, r, lane)
+                        above = from_lane_above(La[0], scratch, r, lane)
+                        for j in range(K):
+                            lo = La[j - 1] if j > 0 else below
+                            hi = La[j + 1] if j < K - 1 else above
+                            ta[j] = agg.sgm_value(int32(0), La[j], lo, hi, m, p1, p2a)
+                if has_b:
+                    prev_term(ring, rmin, r - 1, (k + bdv * sv) % R, Lg, Mg, (yb * w + xb) * n, yb * w + xb, glob,
+                              lane, c0, n, p1, p2b, tb)
+                mn = int32(BIG)
+                slot = k % R
+                base = (y * w + x) * n
+                for j in range(K):
+                    d = c0 + j
+                    val = int32(_MGM_EDGE)
+                    if d < n:
+                        val = agg.mgm_value(cn[j], ta[j], tb[j], has_a, has_b)
+                        S[y, x, d] = val + sn[j]
+                        ring[r, slot, d + 1] = val
+                        if last:
+                            Lg[base + d] = val
+                        mn = min(mn, val)
+                    La[j] = val
+                if k + 1 < V:  # the next pixel's C and S, now
+                    v1 = v + sv
+                    y1 = u if row_major else v1
+                    x1 = v1 if row_major else u
+                    for j in range(K):
+                        d = c0 + j
+                        if d < n:
+                            cn[j] = int32(C[y1, x1, d])
+                            sn[j] = int32(0) if first else int32(S[y1, x1, d])
+                m = warp_min(mn, scratch, r, lane)
+                if lane == 0:
+                    rmin[r, slot] = m
+                if last:
+                    publish = (k + 1) % P == 0 or k == V - 1
+                    if lane == 0:
+                        Mg[y * w + x] = m
+                    if publish:
+                        cuda.threadfence()
+                        _syncwarp()
+                        if lane == 0:
+                            cuda.atomic.max(progress, tile, k + 1)
+            cuda.syncthreads()
+
+    return kernel

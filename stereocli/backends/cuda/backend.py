@@ -332,6 +332,31 @@ class CudaBackend:
                                              self._p2_table(p1, p2, adaptive), self._rows(sp, vec), dirs, starts)
         return PathVolumes(sp, vec)
 
+    def mgm(self, vol, guide, p1, p2, adaptive, paths):
+        """More Global Matching: a launch per pass (kagg._make_mgm_kernel: tiles of lines
+        as a wavefront), S the uint16 sum of the passes' costs."""
+        h, w, n = vol.shape
+        if n > kagg.MGM_MAX_DISPARITIES:
+            raise StereoError(f"the CUDA MGM handles at most {kagg.MGM_MAX_DISPARITIES} disparities, not {n}; "
+                              f"use --device cpu")
+        kernel, _ = kagg.mgm_kernel_for(n)
+        S = self._empty((h, w, n), np.uint16)
+        Lg = self._empty((h * w * n,), np.uint16)  # each tile's last line (flat: loaded with ld.global.cg)
+        Mg = self._empty((h * w,), np.int32)
+        passes = aggregate.MGM_PASSES[:paths]
+        T = kagg.MGM_TILE
+        tiles = (max(h, w) + T - 1) // T
+        progress = self._zeros((len(passes), tiles), np.int32)
+        tickets = self._zeros((len(passes), 1), np.int32)
+        p2tab = self._p2_table(p1, p2, adaptive)
+        for k, (a, b) in enumerate(passes):
+            row_major, su, sv, (adu, adv), (bdu, bdv) = aggregate.mgm_plan(a, b)
+            lines = h if row_major else w
+            kernel[(lines + T - 1) // T, T * kagg.MGM_LANES, self.stream](
+                vol, guide, p1, p2tab, S, Lg, Mg, progress[k], tickets[k], row_major, su, sv, adu, adv, bdu, bdv,
+                k == 0)
+        return S
+
     @staticmethod
     def _rows(sp, vec):
         """Direction volumes (k, h, w, n) as k flat rows: of uint64 words of four values (vec), or of values."""
@@ -433,7 +458,7 @@ class CudaBackend:
 
     def fill(self, disp, mode):
         h, w = disp.shape
-        if mode == refine.SLOPE:  # the border strip continued along its slope, then the background fill
+        if mode in (refine.SLOPE, refine.DIRECTIONS):  # the border strip continued along its slope, then
             first = self._empty((h, w), np.int32)
             slopes = self._empty((h, w), np.float32)
             sloped = self._empty((h, w), np.float32)
@@ -441,7 +466,14 @@ class CudaBackend:
             count = self._zeros((1,), np.int32)
             self._launch2(kref.slope_fit_kernel, h, w, disp, first, slopes, sloped, runs, count)
             self._launch_list(kref.slope_apply_kernel, h * w, disp, first, slopes, runs, count, sloped)
-            disp, mode = sloped, refine.BACKGROUND
+            if mode == refine.DIRECTIONS:  # the 2-D fill
+                out = self._empty((h, w), np.float32)
+                key = ("fill2d",)
+                if key not in self._tables:
+                    self._tables[key] = self.upload(refine.FILL2D_DIRECTIONS)
+                self._launch2(kref.fill2d_kernel, h, w, sloped, self._tables[key], out)
+                return out
+            disp, mode = sloped, refine.BACKGROUND  # the background fill
         out = self._empty((h, w), np.float32)
         kref.fill_kernel[h, kref.FILL_THREADS, self.stream](disp, mode, out)
         return out

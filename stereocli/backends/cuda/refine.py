@@ -152,6 +152,15 @@ def median_kernel(disp, r, out):
         out[y, x] = ref.median_at(disp, y, x, r, window)
 
 
+@cuda.jit(cache=CACHE)
+def fill2d_kernel(disp, dirs, out):
+    """The 2-D fill (fill2d_at) of every invalid pixel, a thread each."""
+    x, y = cuda.grid(2)
+    if y < disp.shape[0] and x < disp.shape[1]:
+        v = disp[y, x]
+        out[y, x] = v if v == v else ref.fill2d_at(disp, dirs, y, x)
+
+
 # Speckle filter: connected components by union-find with atomicMin (Playne & Hawick),
 # then region sizes by atomic counts. Same regions as the CPU flood fill.
 @cuda.jit(device=True)
