@@ -412,22 +412,41 @@ def _make_mgm_kernel(K):
     ROW = MGM_LANES * K + 2  # a ring row: the disparities of 32 lanes of K, EDGE-padded
 
     @cuda.jit(device=True, inline=True)
-    def prev_term(ring, rmin, r1, slot, Lg, Mg, o, mo, from_global, lane, c0, n, p1, p2, t):
-        """t[j] = SGM's term from a pixel of the previous line (ring slot of warp r1, or
-        Lg at flat offset o of its disparity 0 and Mg[mo] when from_global)."""
-        m = _l2(Mg, mo) if from_global else rmin[r1, slot]
+    def geometry(k, u, U, V, row_major, sv, adu, adv, bdu, bdv):
+        """Pixel k of line u in the pass's order, and its neighbours a and b (y, x, inside)."""
+        v = k if sv > 0 else V - 1 - k
+        ua, va, ub, vb = u + adu, v + adv, u + bdu, v + bdv
+        return ((u if row_major else v), (v if row_major else u),
+                0 <= ua < U and 0 <= va < V, (ua if row_major else va), (va if row_major else ua),
+                0 <= ub < U and 0 <= vb < V, (ub if row_major else vb), (vb if row_major else ub))
+
+    @cuda.jit(device=True, inline=True)
+    def ring_term(ring, rmin, r1, slot, c0, n, p1, p2, t):
+        """t[j] = SGM's term from warp r1's pixel in ring slot `slot`."""
+        m = rmin[r1, slot]
         for j in range(K):
             d = c0 + j
             if d < n:
-                if from_global:
-                    mid = int32(_l2(Lg, o + d))
-                    lo = int32(_l2(Lg, o + d - 1)) if d > 0 else int32(_MGM_EDGE)
-                    hi = int32(_l2(Lg, o + d + 1)) if d < n - 1 else int32(_MGM_EDGE)
-                else:
-                    mid = int32(ring[r1, slot, d + 1])
-                    lo = int32(ring[r1, slot, d])
-                    hi = int32(ring[r1, slot, d + 2])
-                t[j] = agg.sgm_value(int32(0), mid, lo, hi, m, p1, p2)
+                t[j] = agg.sgm_value(int32(0), int32(ring[r1, slot, d + 1]), int32(ring[r1, slot, d]),
+                                     int32(ring[r1, slot, d + 2]), m, p1, p2)
+
+    @cuda.jit(device=True, inline=True)
+    def reg_term(Lq, m, p1, p2, t, scratch, r, lane):
+        """t[j] = SGM's term from a pixel whose L this warp holds in registers (EDGE beyond
+        the disparities), its minimum m; the lanes' edge values through shuffles."""
+        below = from_lane_below(Lq[K - 1], scratch, r, lane)
+        above = from_lane_above(Lq[0], scratch, r, lane)
+        for j in range(K):
+            lo = Lq[j - 1] if j > 0 else below
+            hi = Lq[j + 1] if j < K - 1 else above
+            t[j] = agg.sgm_value(int32(0), Lq[j], lo, hi, m, p1, p2)
+
+    @cuda.jit(device=True, inline=True)
+    def load_line(Lg, o, c0, n, Lq):
+        """Lq[j] = the previous tile's L at flat offset o (+ d), EDGE beyond the disparities."""
+        for j in range(K):
+            d = c0 + j
+            Lq[j] = int32(_l2(Lg, o + d)) if d < n else int32(_MGM_EDGE)
 
     @cuda.jit(cache=CACHE)
     def kernel(C, guide, p1, p2tab, S, Lg, Mg, progress, ticket, row_major, su, sv, adu, adv, bdu, bdv, first):
@@ -452,60 +471,45 @@ def _make_mgm_kernel(K):
         cone = adu != 0
         skew = 2 if cone else 1
         last = r == T - 1 or i == U - 1  # the tile's last line: to global memory for the next tile
+        glob = r == 0 and i > 0 and i < U  # the previous line is the previous tile's last
         c0 = lane * K
         La = cuda.local.array(K, int32)  # this line's L at the previous pixel
         ta = cuda.local.array(K, int32)
         tb = cuda.local.array(K, int32)
-        cn = cuda.local.array(K, int32)  # C and S (of the earlier passes) at this warp's next pixel,
-        sn = cuda.local.array(K, int32)  # loaded a step ahead: their latency hides behind the barrier
+        # What the warp's next pixel reads from global memory, loaded a step ahead (their
+        # latency hides behind the barrier): C, S (of the earlier passes), the grey levels
+        # of the pixel and its neighbours, and (glob) the neighbours' L and minima.
+        cn = cuda.local.array(K, int32)
+        sn = cuda.local.array(K, int32)
+        pa = cuda.local.array(K, int32)
+        pb = cuda.local.array(K, int32)
         for j in range(K):
             La[j] = int32(_MGM_EDGE)
-            d = c0 + j
-            if d < n and i < U:
-                v0 = 0 if sv > 0 else V - 1
-                y0 = u if row_major else v0
-                x0 = v0 if row_major else u
-                cn[j] = int32(C[y0, x0, d])
-                sn[j] = int32(0) if first else int32(S[y0, x0, d])
+        gn = int32(0)
+        gan = int32(0)
+        gbn = int32(0)
+        man = int32(0)
+        mbn = int32(0)
         m = int32(0)
-        known = int32(0)  # (warp 0, lane 0) the previous tile's progress seen so far
-        for s in range(V + skew * (T - 1)):
+        known = int32(0)  # (glob, lane 0) the previous tile's progress seen so far
+        for s in range(-1, V + skew * (T - 1)):
             k = s - skew * r
             if 0 <= k < V and i < U:
-                v = k if sv > 0 else V - 1 - k
-                y = u if row_major else v
-                x = v if row_major else u
-                ua, va, ub, vb = u + adu, v + adv, u + bdu, v + bdv
-                has_a = 0 <= ua < U and 0 <= va < V
-                has_b = 0 <= ub < U and 0 <= vb < V
-                ya = ua if row_major else va
-                xa = va if row_major else ua
-                yb = ub if row_major else vb
-                xb = vb if row_major else ub
-                glob = r == 0 and i > 0  # the previous line is the previous tile's last
-                if glob:
-                    if lane == 0:
-                        need = min(V, k + skew)  # its pixels up to this one's neighbour
-                        while known < need:
-                            known = cuda.atomic.add(progress, tile - 1, 0)
-                    _syncwarp()
-                g = int32(guide[y, x])
-                p2a = p2tab[abs(g - int32(guide[ya, xa]))] if has_a else int32(0)
-                p2b = p2tab[abs(g - int32(guide[yb, xb]))] if has_b else int32(0)
+                y, x, has_a, ya, xa, has_b, yb, xb = geometry(k, u, U, V, row_major, sv, adu, adv, bdu, bdv)
+                p2a = p2tab[abs(gn - gan)] if has_a else int32(0)
+                p2b = p2tab[abs(gn - gbn)] if has_b else int32(0)
                 if has_a:
-                    if cone:
-                        prev_term(ring, rmin, r - 1, (k + adv * sv) % R, Lg, Mg, (ya * w + xa) * n, ya * w + xa, glob,
-                                  lane, c0, n, p1, p2a, ta)
+                    if not cone:  # the previous pixel of this line
+                        reg_term(La, m, p1, p2a, ta, scratch, r, lane)
+                    elif glob:
+                        reg_term(pa, man, p1, p2a, ta, scratch, r, lane)
                     else:
-                        below = from_lane_below(La[K - 1], scratch, r, lane)
-                        above = from_lane_above(La[0], scratch, r, lane)
-                        for j in range(K):
-                            lo = La[j - 1] if j > 0 else below
-                            hi = La[j + 1] if j < K - 1 else above
-                            ta[j] = agg.sgm_value(int32(0), La[j], lo, hi, m, p1, p2a)
+                        ring_term(ring, rmin, r - 1, (k + adv * sv) % R, c0, n, p1, p2a, ta)
                 if has_b:
-                    prev_term(ring, rmin, r - 1, (k + bdv * sv) % R, Lg, Mg, (yb * w + xb) * n, yb * w + xb, glob,
-                              lane, c0, n, p1, p2b, tb)
+                    if glob:
+                        reg_term(pb, mbn, p1, p2b, tb, scratch, r, lane)
+                    else:
+                        ring_term(ring, rmin, r - 1, (k + bdv * sv) % R, c0, n, p1, p2b, tb)
                 mn = int32(BIG)
                 slot = k % R
                 base = (y * w + x) * n
@@ -520,15 +524,6 @@ def _make_mgm_kernel(K):
                             Lg[base + d] = val
                         mn = min(mn, val)
                     La[j] = val
-                if k + 1 < V:  # the next pixel's C and S, now
-                    v1 = v + sv
-                    y1 = u if row_major else v1
-                    x1 = v1 if row_major else u
-                    for j in range(K):
-                        d = c0 + j
-                        if d < n:
-                            cn[j] = int32(C[y1, x1, d])
-                            sn[j] = int32(0) if first else int32(S[y1, x1, d])
                 m = warp_min(mn, scratch, r, lane)
                 if lane == 0:
                     rmin[r, slot] = m
@@ -541,6 +536,29 @@ def _make_mgm_kernel(K):
                         _syncwarp()
                         if lane == 0:
                             cuda.atomic.max(progress, tile, k + 1)
+            k1 = k + 1  # the next pixel's global reads (s = -1: the first pixel's)
+            if 0 <= k1 < V and i < U:
+                y, x, has_a, ya, xa, has_b, yb, xb = geometry(k1, u, U, V, row_major, sv, adu, adv, bdu, bdv)
+                for j in range(K):
+                    d = c0 + j
+                    if d < n:
+                        cn[j] = int32(C[y, x, d])
+                        sn[j] = int32(0) if first else int32(S[y, x, d])
+                gn = int32(guide[y, x])
+                gan = int32(guide[ya, xa]) if has_a else int32(0)
+                gbn = int32(guide[yb, xb]) if has_b else int32(0)
+                if glob:
+                    if lane == 0:
+                        need = min(V, k1 + skew)  # its pixels up to the next pixel's neighbours
+                        while known < need:
+                            known = cuda.atomic.add(progress, tile - 1, 0)
+                    _syncwarp()
+                    if has_a and cone:
+                        man = _l2(Mg, ya * w + xa)
+                        load_line(Lg, (ya * w + xa) * n, c0, n, pa)
+                    if has_b:
+                        mbn = _l2(Mg, yb * w + xb)
+                        load_line(Lg, (yb * w + xb) * n, c0, n, pb)
             cuda.syncthreads()
 
     return kernel
