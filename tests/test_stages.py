@@ -75,6 +75,14 @@ def test_mgm_matches_reference(rng, paths, h, w, n, adaptive):
     np.testing.assert_array_equal(got, ref.mgm(C, guide, 20, 200, adaptive, paths))
 
 
+def test_mgm_tiles_of_the_quadrant_passes_match_reference(rng):
+    """The CPU walks a quadrant pass in tiles of 16 lines x 32 pixels, the tiles of an
+    anti-diagonal in parallel: an image of several tiles each way, none of them whole."""
+    C = rng.integers(0, 256, (37, 70, 4)).astype(np.uint8)
+    guide = rng.integers(0, 256, (37, 70)).astype(np.uint8)
+    np.testing.assert_array_equal(BK.mgm(C, guide, 20, 200, True, 4), ref.mgm(C, guide, 20, 200, True, 4))
+
+
 def test_mgm_spreads_a_match_over_the_quadrant_not_only_along_lines():
     """A single strong match at the top-left corner: SGM's rightward and downward paths
     carry it along its row and its column only; MGM's first pass carries it to every
