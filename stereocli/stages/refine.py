@@ -682,7 +682,14 @@ def weighted_median_cpu(disp, guide, nc, lut, r):
                 hi[y, x] = max(hi[y, x], b[x + i])
     span = max(0, fmax.max() - fmin.min())  # bins lie in [-span, span]
     out = disp.copy()
-    for y in prange(h):
+    order = np.empty(h, np.int64)  # rows interleaved 8 apart: a thread's share of rows spreads
+    t = 0                          # over the image, and so do the depth edges (the work)
+    for s in range(8):
+        for y in range(s, h, 8):
+            order[t] = y
+            t += 1
+    for q in prange(h):
+        y = order[q]
         bins = np.empty(WMF_MAX_SAMPLES, np.int32)
         wts = np.empty(WMF_MAX_SAMPLES, np.int32)
         ds = np.empty(WMF_MAX_SAMPLES, np.float32)
