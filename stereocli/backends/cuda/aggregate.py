@@ -410,6 +410,7 @@ def mgm_kernel_for(ndisp):
 def _make_mgm_kernel(K):
     T, R, P = MGM_TILE, MGM_RING, MGM_PUBLISH
     ROW = MGM_LANES * K + 2  # a ring row: the disparities of 32 lanes of K, EDGE-padded
+    RING, RMIN = T * R * ROW, T * R  # (shared array sizes must be plain constants)
 
     @cuda.jit(device=True, inline=True)
     def geometry(k, u, U, V, row_major, sv, adu, adv, bdu, bdv):
@@ -422,13 +423,15 @@ def _make_mgm_kernel(K):
 
     @cuda.jit(device=True, inline=True)
     def ring_term(ring, rmin, r1, slot, c0, n, p1, p2, t):
-        """t[j] = SGM's term from warp r1's pixel in ring slot `slot`."""
-        m = rmin[r1, slot]
+        """t[j] = SGM's term from warp r1's pixel in ring slot `slot` (flat shared arrays,
+        unsigned indices: no negative-index fix-up)."""
+        q = uint32(r1 * R + slot)
+        m = rmin[q]
+        o = q * uint32(ROW) + uint32(c0)
         for j in range(K):
-            d = c0 + j
-            if d < n:
-                t[j] = agg.sgm_value(int32(0), int32(ring[r1, slot, d + 1]), int32(ring[r1, slot, d]),
-                                     int32(ring[r1, slot, d + 2]), m, p1, p2)
+            if c0 + j < n:
+                t[j] = agg.sgm_value(int32(0), int32(ring[o + uint32(j + 1)]), int32(ring[o + uint32(j)]),
+                                     int32(ring[o + uint32(j + 2)]), m, p1, p2)
 
     @cuda.jit(device=True, inline=True)
     def reg_term(Lq, m, p1, p2, t, scratch, r, lane):
@@ -446,15 +449,16 @@ def _make_mgm_kernel(K):
         """Lq[j] = the previous tile's L at flat offset o (+ d), EDGE beyond the disparities."""
         for j in range(K):
             d = c0 + j
-            Lq[j] = int32(_l2(Lg, o + d)) if d < n else int32(_MGM_EDGE)
+            Lq[j] = int32(_l2(Lg, uint64(o + d))) if d < n else int32(_MGM_EDGE)
 
     @cuda.jit(cache=CACHE)
-    def kernel(C, guide, p1, p2tab, S, Lg, Mg, progress, ticket, row_major, su, sv, adu, adv, bdu, bdv, first):
-        h, w, n = C.shape
+    def kernel(C, guide, h, w, n, p1, p2tab, S, Lg, Mg, progress, ticket, row_major, su, sv, adu, adv, bdu, bdv,
+               first):
+        """C, guide, S flat (h * w * n, h * w, h * w * n), indexed with unsigned offsets."""
         U = h if row_major else w
         V = w if row_major else h
-        ring = cuda.shared.array((T, R, ROW), uint16)  # each warp's last pixels' L, EDGE-padded
-        rmin = cuda.shared.array((T, R), int32)
+        ring = cuda.shared.array(RING, uint16)  # [warp, slot, 1 + d]: each warp's last pixels' L
+        rmin = cuda.shared.array(RMIN, int32)
         tile_id = cuda.shared.array(1, int32)
         scratch = cuda.shared.array((T, 32), int32)  # the simulator's lane exchange
         tid = cuda.threadIdx.x
@@ -462,8 +466,8 @@ def _make_mgm_kernel(K):
         lane = tid % MGM_LANES
         if tid == 0:
             tile_id[0] = cuda.atomic.add(ticket, 0, 1)
-        for q in range(tid, T * R * ROW, T * MGM_LANES):
-            ring[q // (R * ROW), (q // ROW) % R, q % ROW] = _MGM_EDGE
+        for q in range(tid, RING, T * MGM_LANES):
+            ring[q] = _MGM_EDGE
         cuda.syncthreads()
         tile = tile_id[0]
         i = tile * T + r  # the line's index in the pass's order
@@ -518,19 +522,19 @@ def _make_mgm_kernel(K):
                     val = int32(_MGM_EDGE)
                     if d < n:
                         val = agg.mgm_value(cn[j], ta[j], tb[j], has_a, has_b)
-                        S[y, x, d] = val + sn[j]
-                        ring[r, slot, d + 1] = val
+                        S[uint64(base + d)] = val + sn[j]
+                        ring[uint32((r * R + slot) * ROW + d + 1)] = val
                         if last:
-                            Lg[base + d] = val
+                            Lg[uint64(base + d)] = val
                         mn = min(mn, val)
                     La[j] = val
                 m = warp_min(mn, scratch, r, lane)
                 if lane == 0:
-                    rmin[r, slot] = m
+                    rmin[uint32(r * R + slot)] = m
                 if last:
                     publish = (k + 1) % P == 0 or k == V - 1
                     if lane == 0:
-                        Mg[y * w + x] = m
+                        Mg[uint64(y * w + x)] = m
                     if publish:
                         cuda.threadfence()
                         _syncwarp()
@@ -539,14 +543,15 @@ def _make_mgm_kernel(K):
             k1 = k + 1  # the next pixel's global reads (s = -1: the first pixel's)
             if 0 <= k1 < V and i < U:
                 y, x, has_a, ya, xa, has_b, yb, xb = geometry(k1, u, U, V, row_major, sv, adu, adv, bdu, bdv)
+                base1 = (y * w + x) * n
                 for j in range(K):
                     d = c0 + j
                     if d < n:
-                        cn[j] = int32(C[y, x, d])
-                        sn[j] = int32(0) if first else int32(S[y, x, d])
-                gn = int32(guide[y, x])
-                gan = int32(guide[ya, xa]) if has_a else int32(0)
-                gbn = int32(guide[yb, xb]) if has_b else int32(0)
+                        cn[j] = int32(C[uint64(base1 + d)])
+                        sn[j] = int32(0) if first else int32(S[uint64(base1 + d)])
+                gn = int32(guide[uint64(y * w + x)])
+                gan = int32(guide[uint64(ya * w + xa)]) if has_a else int32(0)
+                gbn = int32(guide[uint64(yb * w + xb)]) if has_b else int32(0)
                 if glob:
                     if lane == 0:
                         need = min(V, k1 + skew)  # its pixels up to the next pixel's neighbours
@@ -554,10 +559,10 @@ def _make_mgm_kernel(K):
                             known = cuda.atomic.add(progress, tile - 1, 0)
                     _syncwarp()
                     if has_a and cone:
-                        man = _l2(Mg, ya * w + xa)
+                        man = _l2(Mg, uint64(ya * w + xa))
                         load_line(Lg, (ya * w + xa) * n, c0, n, pa)
                     if has_b:
-                        mbn = _l2(Mg, yb * w + xb)
+                        mbn = _l2(Mg, uint64(yb * w + xb))
                         load_line(Lg, (yb * w + xb) * n, c0, n, pb)
             cuda.syncthreads()
 

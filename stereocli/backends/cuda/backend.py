@@ -353,8 +353,8 @@ class CudaBackend:
             row_major, su, sv, (adu, adv), (bdu, bdv) = aggregate.mgm_plan(a, b)
             lines = h if row_major else w
             kernel[(lines + T - 1) // T, T * kagg.MGM_LANES, self.stream](
-                vol, guide, p1, p2tab, S, Lg, Mg, progress[k], tickets[k], row_major, su, sv, adu, adv, bdu, bdv,
-                k == 0)
+                vol.reshape(vol.size), guide.reshape(h * w), h, w, n, p1, p2tab, S.reshape(S.size), Lg, Mg,
+                progress[k], tickets[k], row_major, su, sv, adu, adv, bdu, bdv, k == 0)
         return S
 
     @staticmethod
