@@ -52,11 +52,11 @@ def stage_options(f, auto=False):
         click.option("--window", help="Cost window WxH or N, odd (census up to 9x7) [cost's default]."),
         click.option("--aggregation", type=click.Choice(config.AGGREGATIONS),
                      help="sgm (Semi-Global Matching), mgm (More Global Matching: two neighbours per "
-                          "step, no streaks; slower) or none for block matching [sgm]."),
+                          "step, no streaks; slower) or none for block matching [sgm; quality: mgm]."),
         click.option("--block", type=int, help="Box aggregation of the costs, odd size, 1 = off [1]."),
         click.option("--paths", type=click.Choice(["4", "8", "16"]), help="SGM path directions; MGM passes (4 or 8) [8]."),
-        click.option("--p1", type=int, help="SGM penalty for a 1 px disparity step, in cost units (0..255) [40]."),
-        click.option("--p2", type=int, help="SGM penalty for larger steps [480]."),
+        click.option("--p1", type=int, help="SGM (MGM) penalty for a 1 px disparity step, in cost units (0..255) [40; quality: 30]."),
+        click.option("--p2", type=int, help="SGM (MGM) penalty for larger steps [480; quality: 300]."),
         click.option("--adaptive-p2/--no-adaptive-p2", default=None,
                      help="Lower P2 across grey-level edges [on]."),
         click.option("--uniqueness", type=float, help="Percent margin the best cost must win by, 0 = off [5]."),
@@ -64,15 +64,15 @@ def stage_options(f, auto=False):
         click.option("--lr-check/--no-lr-check", default=None, help="Left-right consistency check [on]."),
         click.option("--lr-max-diff", type=float, help="Largest left-right difference kept, px [1]."),
         click.option("--fill", type=click.Choice(config.FILLS),
-                     help="Fill rejected pixels from their row: background = the smaller neighbour disparity, "
-                          "nearest = the closer; along the image borders, the surface the right camera does "
-                          "not see; slope = background, with that border surface continued along its slope; "
-                          "2d = that border, then the second lowest disparity seen along 8 directions "
-                          "[slope]."),
-        click.option("--median", type=int, help="Median filter size: 0 (off), 3 or 5 [3]."),
+                     help="Fill rejected pixels. From their row: background = the smaller of the two "
+                          "neighbour disparities, nearest = the closer; along the image borders, the surface the "
+                          "right camera does not see; slope = background, with that border surface continued "
+                          "along its slope. 2d = that border, then the second lowest disparity seen along 8 "
+                          "directions (Hirschmueller) [slope; quality: 2d]."),
+        click.option("--median", type=int, help="Median filter size: 0 (off), 3 or 5 [0; fast: 3]."),
         click.option("--weighted-median", type=int, metavar="RADIUS",
                      help="At disparity edges, the median of a window of this radius weighted by colour likeness "
-                          "in the left image: depth edges follow the image's edges; 0 = off [0; quality: 8]."),
+                          "in the left image: depth edges follow the image's edges; 0 = off [4; quality: 8]."),
         click.option("--min-confidence", type=click.FloatRange(0, 1),
                      help="Invalidate pixels whose confidence (see --confidence) is below this; filled pixels "
                           "have 0, so any value > 0 also undoes the fill [0 = off]."),

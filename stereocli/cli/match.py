@@ -54,6 +54,7 @@ def match(left, right, output, fmt, sbs, preview, confidence_out, depth_out, ply
     Examples:
       stereo match left.png right.png -o disp.pfm -n 64
       stereo match l.png r.png -o disp.png -n 128 --paths 4 --timings
+      stereo match l.png r.png -o disp.pfm --preset quality    # MGM, 2-D fill: slower, more accurate
       stereo match l.png r.png -o disp.npy --cost zncc --window 7 --aggregation none
       stereo match l.png r.png -o disp.tif --min-disparity -16 -n 64 --json
       stereo match l.png r.png -o disp.pfm -n auto --min-disparity auto   # range from feature matches
