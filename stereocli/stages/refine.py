@@ -486,13 +486,15 @@ def border_slope_cpu(disp):
     run along the median of the fits nearby. The GPU runs the same three functions."""
     h, w = disp.shape
     out = disp.copy()
-    slopes = np.empty((h, w), np.float32)
-    first = np.empty((h, w), np.int32)
+    slopes = np.full((h, w), np.nan, np.float32)
+    first = np.full((h, w), -1, np.int32)
     for y in prange(h):
-        for e in range(w):
-            x0 = slope_run_start(disp, y, e)
-            first[y, e] = x0
-            slopes[y, e] = slope_fit_at(disp, y, e) if x0 >= 0 else np.float32(math.nan)
+        for e in range(1, w):
+            if disp[y, e] == disp[y, e] and disp[y, e - 1] != disp[y, e - 1]:  # (slope_run_start's first test)
+                x0 = slope_run_start(disp, y, e)
+                if x0 >= 0:
+                    first[y, e] = x0
+                    slopes[y, e] = slope_fit_at(disp, y, e)
     for y in prange(h):
         buf = np.empty(SLOPE_WINDOW, np.float32)
         for e in range(w):
