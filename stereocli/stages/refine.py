@@ -524,6 +524,27 @@ def disparity_edge_at(disp, y, x):
 
 
 @shared
+def wmf_centre(guide, nc, y, x):
+    """The colour (B, G, R) of the guide at (x, y); a grey guide's grey three times."""
+    g0 = np.int32(guide[y, x * nc])
+    g1 = np.int32(guide[y, x * nc + 1]) if nc == 3 else g0
+    g2 = np.int32(guide[y, x * nc + 2]) if nc == 3 else g0
+    return g0, g1, g2
+
+
+@shared
+def wmf_weight(guide, nc, lut, j, i, g0, g1, g2):
+    """The weight of the sample (i, j) for a centre of colour (g0, g1, g2): lut[sum over
+    B, G, R of |difference|] (a grey guide: its difference counted three times)."""
+    if nc == 3:
+        dc = (abs(np.int32(guide[j, 3 * i]) - g0) + abs(np.int32(guide[j, 3 * i + 1]) - g1)
+              + abs(np.int32(guide[j, 3 * i + 2]) - g2))
+    else:
+        dc = 3 * abs(np.int32(guide[j, i]) - g0)
+    return lut[dc]
+
+
+@shared
 def weighted_median_at(disp, guide, nc, lut, y, x, r, samples):
     """The weighted median disparity around the valid pixel (x, y) (see WMF_STEP): its
     1 px bin is the lowest bin b with 2 * weight(bins <= b) >= the total weight (found
@@ -534,9 +555,7 @@ def weighted_median_at(disp, guide, nc, lut, y, x, r, samples):
     them in cache)."""
     h, w = disp.shape
     c = np.int32(math.floor(disp[y, x]))
-    g0 = np.int32(guide[y, x * nc])  # the centre's colour (a grey guide: its grey, counted three times)
-    g1 = np.int32(guide[y, x * nc + 1]) if nc == 3 else g0
-    g2 = np.int32(guide[y, x * nc + 2]) if nc == 3 else g0
+    g0, g1, g2 = wmf_centre(guide, nc, y, x)
     n = 0
     tot = 0
     lo = np.int32(WMF_BIN_LIMIT)
@@ -545,12 +564,7 @@ def weighted_median_at(disp, guide, nc, lut, y, x, r, samples):
         for i in range(max(0, x - r), min(w, x + r + 1), WMF_STEP):
             d = disp[j, i]
             if d == d:
-                if nc == 3:
-                    dc = (abs(np.int32(guide[j, 3 * i]) - g0) + abs(np.int32(guide[j, 3 * i + 1]) - g1)
-                          + abs(np.int32(guide[j, 3 * i + 2]) - g2))
-                else:
-                    dc = 3 * abs(np.int32(guide[j, i]) - g0)
-                wt = lut[dc]
+                wt = wmf_weight(guide, nc, lut, j, i, g0, g1, g2)
                 b = min(max(np.int32(math.floor(d)) - c, -WMF_BIN_LIMIT), WMF_BIN_LIMIT)
                 tot += wt
                 lo = min(lo, b)
@@ -597,9 +611,7 @@ def _wmf_pixel(disp, fl, guide, nc, lut, y, x, r, bins, wts, ds, hist, off):
     float). fl: floor(disp), WMF_INVALID where disp is NaN."""
     h, w = disp.shape
     c = fl[y, x]
-    g0 = np.int32(guide[y, x * nc])
-    g1 = np.int32(guide[y, x * nc + 1]) if nc == 3 else g0
-    g2 = np.int32(guide[y, x * nc + 2]) if nc == 3 else g0
+    g0, g1, g2 = wmf_centre(guide, nc, y, x)
     n = 0
     tot = 0
     lo = np.int32(WMF_BIN_LIMIT)
@@ -608,12 +620,7 @@ def _wmf_pixel(disp, fl, guide, nc, lut, y, x, r, bins, wts, ds, hist, off):
         for i in range(max(0, x - r), min(w, x + r + 1), WMF_STEP):
             f = fl[j, i]
             if f != WMF_INVALID:
-                if nc == 3:
-                    dc = (abs(np.int32(guide[j, 3 * i]) - g0) + abs(np.int32(guide[j, 3 * i + 1]) - g1)
-                          + abs(np.int32(guide[j, 3 * i + 2]) - g2))
-                else:
-                    dc = 3 * abs(np.int32(guide[j, i]) - g0)
-                wt = lut[dc]
+                wt = wmf_weight(guide, nc, lut, j, i, g0, g1, g2)
                 b = f - c
                 hist[b + off] += wt
                 tot += wt
