@@ -355,7 +355,6 @@ def sgm_cpu(C, guide, p1, p2, adaptive, paths, by_lines=None):
 # 4 paths: the quadrant passes; 8: all. Neighbour offsets (dx, dy), as in the authors' code.
 MGM_PASSES = [((-1, 0), (0, -1)), ((1, 0), (0, 1)), ((0, 1), (-1, 0)), ((0, -1), (1, 0)),
               ((-1, -1), (1, -1)), ((1, -1), (1, 1)), ((1, 1), (-1, 1)), ((-1, 1), (-1, -1))]
-MGM_PATHS = (4, 8)
 
 
 @shared
@@ -481,14 +480,20 @@ def _mgm_cell(C, guide, p1, p2tab, S, y, x, A, ma, ga, has_a, B, mb, gb, has_b, 
     p2a = p2tab[abs(g - ga)] if has_a else np.int32(0)
     p2b = p2tab[abs(g - gb)] if has_b else np.int32(0)
     Cp = C[y, x]
-    for d in range(n):  # two loops: each vectorises (see _mgm_pixel)
-        ta = np.int32(0)
-        tb = np.int32(0)
-        if has_a:
+    if has_a and has_b:  # two loops: each vectorises (see _mgm_pixel); the common case without a branch
+        for d in range(n):
             ta = sgm_value(np.int32(0), np.int32(A[d + 1]), np.int32(A[d]), np.int32(A[d + 2]), ma, p1, p2a)
-        if has_b:
             tb = sgm_value(np.int32(0), np.int32(B[d + 1]), np.int32(B[d]), np.int32(B[d + 2]), mb, p1, p2b)
-        T[d] = mgm_value(np.int32(Cp[d]), ta, tb, has_a, has_b)
+            T[d] = mgm_value(np.int32(Cp[d]), ta, tb, True, True)
+    else:
+        for d in range(n):
+            ta = np.int32(0)
+            tb = np.int32(0)
+            if has_a:
+                ta = sgm_value(np.int32(0), np.int32(A[d + 1]), np.int32(A[d]), np.int32(A[d + 2]), ma, p1, p2a)
+            if has_b:
+                tb = sgm_value(np.int32(0), np.int32(B[d + 1]), np.int32(B[d]), np.int32(B[d + 2]), mb, p1, p2b)
+            T[d] = mgm_value(np.int32(Cp[d]), ta, tb, has_a, has_b)
     Sp = S[y, x]
     mn = np.int32(EDGE)
     for d in range(n):
