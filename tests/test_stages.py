@@ -78,9 +78,15 @@ def test_mgm_matches_reference(rng, paths, h, w, n, adaptive):
 def test_mgm_tiles_of_the_quadrant_passes_match_reference(rng):
     """The CPU walks a quadrant pass in tiles of 16 lines x 32 pixels, the tiles of an
     anti-diagonal in parallel: an image of several tiles each way, none of them whole."""
+    from stereocli.stages import aggregate
     C = rng.integers(0, 256, (37, 70, 4)).astype(np.uint8)
     guide = rng.integers(0, 256, (37, 70)).astype(np.uint8)
-    np.testing.assert_array_equal(BK.mgm(C, guide, 20, 200, True, 4), ref.mgm(C, guide, 20, 200, True, 4))
+    S = np.empty(C.shape, np.uint16)
+    p2tab = aggregate.p2_table(20, 200, True)
+    for i, (a, b) in enumerate(aggregate.MGM_PASSES[:4]):  # the tiles, whatever the thread count
+        _, su, sv, _, _ = aggregate.mgm_plan(a, b)
+        aggregate.mgm_quadrant_cpu(C, guide, np.int32(20), p2tab, S, su, sv, i == 0, 16, 32)
+    np.testing.assert_array_equal(S, ref.mgm(C, guide, 20, 200, True, 4))
 
 
 def test_mgm_spreads_a_match_over_the_quadrant_not_only_along_lines():
