@@ -67,6 +67,7 @@ def select_cpu(S, min_d, uniqueness, subpixel, right, confidence):
     out = np.empty((h, w), np.float32)
     out_r = np.empty((h if right else 0, w if right else 0), np.float32)
     out_c = np.empty((h if confidence else 0, w if confidence else 0), np.float32)
+    Sf = S.ravel()  # indexed by unsigned offsets: no view (a reference count) per pixel
     for y in prange(h):
         rkeys = np.full(w, NO_KEY, np.uint32)  # rkeys[w - 1 - xr]: best key of right pixel xr
         for x in range(w):
@@ -76,22 +77,22 @@ def select_cpu(S, min_d, uniqueness, subpixel, right, confidence):
                 if confidence:
                     out_c[y, x] = np.float32(0.0)
                 continue
-            costs = S[y, x, lo:hi + 1]
-            k0 = w - 1 - x + min_d + lo  # rkeys index of the right pixel of disparity lo
-            rk = rkeys[k0:k0 + hi - lo + 1]
+            base = np.uint64((y * w + x) * n + lo)  # Sf[base + i]: S[y, x, lo + i]
+            k0 = np.uint64(w - 1 - x + min_d + lo)  # rkeys index of the right pixel of disparity lo
             key = NO_KEY
             for i in range(hi - lo + 1):
-                k = np.uint32((np.uint32(costs[i]) << np.uint32(16)) | np.uint32(lo + i))
+                ui = np.uint64(i)
+                k = np.uint32((np.uint32(Sf[base + ui]) << np.uint32(16)) | np.uint32(lo + i))
                 key = np.uint32(min(key, k))
-                rk[i] = min(rk[i], k)
+                rkeys[k0 + ui] = min(rkeys[k0 + ui], k)
             best = np.int32(key & np.uint32(0xFFFF))
             bc = np.int32(key >> np.uint32(16))
             other = np.int32(NO_RUNNER)
             if uniqueness > 0.0 or confidence:
                 for i in range(best - 1 - lo):
-                    other = min(other, np.int32(costs[i]))
+                    other = min(other, np.int32(Sf[base + np.uint64(i)]))
                 for i in range(best + 2 - lo, hi + 1 - lo):
-                    other = min(other, np.int32(costs[i]))
+                    other = min(other, np.int32(Sf[base + np.uint64(i)]))
             c0 = np.int32(S[y, x, best - 1]) if best > lo else np.int32(0)
             c2 = np.int32(S[y, x, best + 1]) if best < hi else np.int32(0)
             out[y, x] = wta_finish(best, bc, other, c0, c2, lo, hi, min_d, uniqueness, subpixel)
