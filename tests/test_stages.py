@@ -54,13 +54,19 @@ def test_sad_cost_is_zero_at_true_shift():
 
 @pytest.mark.parametrize("paths", [4, 8, 16])
 @pytest.mark.parametrize("adaptive", [False, True])
-def test_sgm_matches_reference(rng, paths, adaptive):
-    h, w, n = 9, 11, 7
+@pytest.mark.parametrize("largest,n", [(False, 7), (True, 7), (False, 1)])
+def test_sgm_matches_reference(rng, paths, adaptive, largest, n):
+    """Also with the largest P1 and P2 the options accept (P1 = P2 = 65535 // paths -
+    256), and one disparity (both neighbours beyond the range): the CPU's sweeps run in
+    uint16, and nothing may wrap."""
+    h, w = 9, 11
+    p1, p2 = (65535 // paths - 256,) * 2 if largest else (20, 200)
+    Params(paths=paths, p1=p1, p2=p2).validate()  # (the options accept them)
     C = rng.integers(0, 256, (h, w, n)).astype(np.uint8)
     guide = rng.integers(0, 256, (h, w)).astype(np.uint8)
-    got = BK.sgm(C, guide, 20, 200, adaptive, paths)
+    got = BK.sgm(C, guide, p1, p2, adaptive, paths)
     assert got.dtype == np.uint16
-    np.testing.assert_array_equal(got, ref.sgm(C, guide, 20, 200, adaptive, paths))
+    np.testing.assert_array_equal(got, ref.sgm(C, guide, p1, p2, adaptive, paths))
 
 
 @pytest.mark.parametrize("paths", [4, 8])
