@@ -169,6 +169,21 @@ def test_speckle_matches_reference(rng):
     np.testing.assert_array_equal(BK.speckle(disp, 5, 1.0), ref.speckle(disp, 5, 1.0))
 
 
+@pytest.mark.parametrize("max_size", [5, 60, 400])
+def test_speckle_joins_regions_across_the_parallel_bands(rng, max_size):
+    """The CPU labels bands of rows in parallel and joins regions across their edges: a
+    comb (a region that runs down and up through every band), stripes of several bands,
+    NaN holes and noise give the reference's regions."""
+    h, w = 150, 40
+    disp = np.full((h, w), 20.0, np.float32)
+    disp[:, 1::4] = 5.0  # teeth: one region each, joined by the bottom row below
+    disp[-1, :] = 5.0
+    disp[rng.random((h, w)) < 0.03] = np.nan
+    noise = rng.random((h, w)) < 0.05
+    disp[noise] = rng.integers(30, 60, noise.sum())
+    np.testing.assert_array_equal(BK.speckle(disp, max_size, 1.0), ref.speckle(disp, max_size, 1.0))
+
+
 @pytest.mark.parametrize("mode,code", [("background", 1), ("nearest", 2)])
 @pytest.mark.parametrize("offset", [0, -8])
 def test_fill_matches_reference(rng, mode, code, offset):

@@ -262,14 +262,16 @@ def speckle_sizes_cpu(disp, max_diff):
     neighbours differ by at most max_diff (0 for an invalid pixel) -> int32 HxW.
     Bands of rows are flood-filled in parallel, each region labelled by the index of
     its first pixel; regions that meet across a band's edge are then joined (union-find
-    over the edge pixels) and their sizes added: the same regions as one flood fill."""
+    over the labels on the bands' edge rows only, so the serial part grows with the
+    width, not the area) and their sizes added: the same regions as one flood fill."""
     h, w = disp.shape
-    labels = np.full(h * w, -1, np.int32)
-    sizes = np.zeros(h * w, np.int32)  # by label: pixels within its band
+    labels = np.empty(h * w, np.int32)  # -1 until labelled (each band clears its rows)
+    sizes = np.empty(h * w, np.int32)  # by label: pixels within its band
     bands = min(SPECKLE_BANDS, h)
     for b in prange(bands):
         y_lo = b * h // bands
         y_hi = (b + 1) * h // bands
+        labels[y_lo * w:y_hi * w] = -1
         stack = np.empty((y_hi - y_lo) * w, np.int32)
         for y0 in range(y_lo, y_hi):
             for x0 in range(w):
@@ -295,7 +297,23 @@ def speckle_sizes_cpu(disp, max_diff):
                             stack[top] = yy * w + xx
                             top += 1
                 sizes[p0] = size
-    parent = np.arange(h * w, dtype=np.int32)  # union-find over labels (only labels are used)
+    # the labels on the edge rows (a band's first row and the row above it), each once
+    seen = np.zeros(h * w, np.bool_)
+    edge = np.empty(2 * (bands - 1) * w, np.int32)
+    ne = 0
+    for b in range(1, bands):
+        y = b * h // bands
+        for q in range((y - 1) * w, (y + 1) * w):
+            lab = labels[q]
+            if lab >= 0 and not seen[lab]:
+                seen[lab] = True
+                edge[ne] = lab
+                ne += 1
+    parent = np.empty(h * w, np.int32)  # union-find, used at the edge labels only
+    total = np.empty(h * w, np.int32)
+    for i in range(ne):
+        parent[edge[i]] = edge[i]
+        total[edge[i]] = 0
     for b in range(1, bands):
         y = b * h // bands  # the band's first row, below the previous band's last
         for x in range(w):
@@ -304,13 +322,12 @@ def speckle_sizes_cpu(disp, max_diff):
                 rb = _root(parent, labels[y * w + x])
                 if ra != rb:
                     parent[max(ra, rb)] = min(ra, rb)
-    total = np.zeros(h * w, np.int32)
-    for p in range(h * w):
-        if labels[p] == p:
-            total[_root(parent, p)] += sizes[p]
-    for p in range(h * w):  # each label's region size (here, not in the parallel loop: _root writes)
-        if labels[p] == p:
-            sizes[p] = total[_root(parent, p)]
+    for i in range(ne):
+        total[_root(parent, edge[i])] += sizes[edge[i]]
+    for i in range(ne):  # each joined label's region size (the others' is their band's)
+        parent[edge[i]] = _root(parent, edge[i])
+    for i in range(ne):
+        sizes[edge[i]] = total[parent[edge[i]]]
     out = np.zeros((h, w), np.int32)
     for y in prange(h):
         for x in range(w):
