@@ -88,11 +88,11 @@ def select_cpu(S, min_d, uniqueness, subpixel, right, confidence):
             best = np.int32(key & np.uint32(0xFFFF))
             bc = np.int32(key >> np.uint32(16))
             other = np.int32(NO_RUNNER)
-            if uniqueness > 0.0 or confidence:
-                for i in range(best - 1 - lo):
-                    other = min(other, np.int32(Sf[base + np.uint64(i)]))
-                for i in range(best + 2 - lo, hi + 1 - lo):
-                    other = min(other, np.int32(Sf[base + np.uint64(i)]))
+            if uniqueness > 0.0 or confidence:  # one masked loop over every d (it vectorises
+                bl = best - lo                   # whole; two loops around the best had scalar tails)
+                for i in range(hi - lo + 1):
+                    c = np.int32(Sf[base + np.uint64(i)])
+                    other = min(other, c if abs(i - bl) > 1 else np.int32(NO_RUNNER))
             c0 = np.int32(S[y, x, best - 1]) if best > lo else np.int32(0)
             c2 = np.int32(S[y, x, best + 1]) if best < hi else np.int32(0)
             out[y, x] = wta_finish(best, bc, other, c0, c2, lo, hi, min_d, uniqueness, subpixel)
