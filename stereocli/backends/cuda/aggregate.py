@@ -366,6 +366,11 @@ def sgm_sum_kernel(Sp, S):
 # pixels, after a fence) that it is far enough. Tickets are handed out in order, so a
 # block waits only for blocks that already run (no deadlock whatever the grid). The
 # simulator runs a lane per line (K up to MGM_K disparities) and tiles of 3 lines.
+# A pass adds its costs into the sum S with 32-bit atomic adds (a uint16 value shifted
+# into its half of the word: no carry crosses, as a sum never exceeds 65535), so the
+# passes run at once on their own streams, each with its own tiles' last lines (Lg,
+# Mg: one line per tile, indexed by tile and step). A wavefront leaves most of the GPU
+# idle; 4 or 8 of them side by side fill more of it.
 MGM_LANES = SGM_LANES
 MGM_TILE = 3 if SIM else int(os.environ.get("STEREOCLI_MGM_TILE", "8"))  # (tuning knobs)
 MGM_PUBLISH = int(os.environ.get("STEREOCLI_MGM_PUBLISH", "4"))
@@ -452,9 +457,10 @@ def _make_mgm_kernel(K):
             Lq[j] = int32(_l2(Lg, uint64(o + d))) if d < n else int32(_MGM_EDGE)
 
     @cuda.jit(cache=CACHE)
-    def kernel(C, guide, h, w, n, p1, p2tab, S, Lg, Mg, progress, ticket, row_major, su, sv, adu, adv, bdu, bdv,
-               first):
-        """C, guide, S flat (h * w * n, h * w, h * w * n), indexed with unsigned offsets."""
+    def kernel(C, guide, h, w, n, p1, p2tab, S32, Lg, Mg, progress, ticket, row_major, su, sv, adu, adv, bdu, bdv):
+        """C, guide flat (h * w * n, h * w), S32 the sum volume's uint16 values in pairs
+        (uint32 words, added to atomically); Lg, Mg: each tile's last line's L and minima
+        at [tile, step (, d)]. Indexed with unsigned offsets."""
         U = h if row_major else w
         V = w if row_major else h
         ring = cuda.shared.array(RING, uint16)  # [warp, slot, 1 + d]: each warp's last pixels' L
@@ -484,7 +490,6 @@ def _make_mgm_kernel(K):
         # latency hides behind the barrier): C, S (of the earlier passes), the grey levels
         # of the pixel and its neighbours, and (glob) the neighbours' L and minima.
         cn = cuda.local.array(K, int32)
-        sn = cuda.local.array(K, int32)
         pa = cuda.local.array(K, int32)
         pb = cuda.local.array(K, int32)
         for j in range(K):
@@ -522,10 +527,11 @@ def _make_mgm_kernel(K):
                     val = int32(_MGM_EDGE)
                     if d < n:
                         val = agg.mgm_value(cn[j], ta[j], tb[j], has_a, has_b)
-                        S[uint64(base + d)] = val + sn[j]
+                        cell = uint64(base + d)
+                        cuda.atomic.add(S32, cell >> uint64(1), uint32(val) << uint32((cell & uint64(1)) * uint64(16)))
                         ring[uint32((r * R + slot) * ROW + d + 1)] = val
                         if last:
-                            Lg[uint64(base + d)] = val
+                            Lg[uint64((tile * V + k) * n + d)] = val
                         mn = min(mn, val)
                     La[j] = val
                 m = warp_min(mn, scratch, r, lane)
@@ -534,7 +540,7 @@ def _make_mgm_kernel(K):
                 if last:
                     publish = (k + 1) % P == 0 or k == V - 1
                     if lane == 0:
-                        Mg[uint64(y * w + x)] = m
+                        Mg[uint64(tile * V + k)] = m
                     if publish:
                         cuda.threadfence()
                         _syncwarp()
@@ -548,7 +554,6 @@ def _make_mgm_kernel(K):
                     d = c0 + j
                     if d < n:
                         cn[j] = int32(C[uint64(base1 + d)])
-                        sn[j] = int32(0) if first else int32(S[uint64(base1 + d)])
                 gn = int32(guide[uint64(y * w + x)])
                 gan = int32(guide[uint64(ya * w + xa)]) if has_a else int32(0)
                 gbn = int32(guide[uint64(yb * w + xb)]) if has_b else int32(0)
@@ -558,12 +563,13 @@ def _make_mgm_kernel(K):
                         while known < need:
                             known = cuda.atomic.add(progress, tile - 1, 0)
                     _syncwarp()
+                    prev = (tile - 1) * V  # the previous tile's last line, at the neighbours' steps
                     if has_a and cone:
-                        man = _l2(Mg, uint64(ya * w + xa))
-                        load_line(Lg, (ya * w + xa) * n, c0, n, pa)
+                        man = _l2(Mg, uint64(prev + k1 + adv * sv))
+                        load_line(Lg, (prev + k1 + adv * sv) * n, c0, n, pa)
                     if has_b:
-                        mbn = _l2(Mg, uint64(yb * w + xb))
-                        load_line(Lg, (yb * w + xb) * n, c0, n, pb)
+                        mbn = _l2(Mg, uint64(prev + k1 + bdv * sv))
+                        load_line(Lg, (prev + k1 + bdv * sv) * n, c0, n, pb)
             cuda.syncthreads()
 
     return kernel

@@ -104,6 +104,7 @@ class CudaBackend:
 
     def __init__(self):
         self.stream = cuda.stream()
+        self._side = []  # _side_streams
         self._events = []  # timing events free for reuse (recycle_marks)
         self._tables = {}  # per-size constant tables on the device (path lines, census scale)
         self._pool = _POOL
@@ -334,28 +335,51 @@ class CudaBackend:
 
     def mgm(self, vol, guide, p1, p2, adaptive, paths):
         """More Global Matching: a launch per pass (kagg._make_mgm_kernel: tiles of lines
-        as a wavefront), S the uint16 sum of the passes' costs."""
+        as a wavefront), the passes at once on their own streams, each adding its costs
+        into S (uint16, zeroed first) with atomic adds."""
         h, w, n = vol.shape
         if n > kagg.MGM_MAX_DISPARITIES:
             raise StereoError(f"the CUDA MGM handles at most {kagg.MGM_MAX_DISPARITIES} disparities, not {n}; "
                               f"use --device cpu")
         kernel, _ = kagg.mgm_kernel_for(n)
-        S = self._empty((h, w, n), np.uint16)
-        Lg = self._empty((h * w * n,), np.uint16)  # each tile's last line (flat: loaded with ld.global.cg)
-        Mg = self._empty((h * w,), np.int32)
+        cells = h * w * n
+        S2 = self._zeros((cells + cells % 2,), np.uint16)  # (an even count: pairs for the uint32 atomics)
         passes = aggregate.MGM_PASSES[:paths]
         T = kagg.MGM_TILE
         tiles = (max(h, w) + T - 1) // T
+        per = max((h + T - 1) // T * w, (w + T - 1) // T * h)  # tiles x steps of a pass, by rows or columns
+        Lg = self._empty((len(passes), per * n), np.uint16)  # [pass]: each tile's last line (ld.global.cg)
+        Mg = self._empty((len(passes), per), np.int32)
         progress = self._zeros((len(passes), tiles), np.int32)
         tickets = self._zeros((len(passes), 1), np.int32)
         p2tab = self._p2_table(p1, p2, adaptive)
+        streams = self._side_streams(len(passes))
+        ready = self._event()
+        ready.record(self.stream)  # the volume, S's zeros and the tables before any pass
+        done = []
         for k, (a, b) in enumerate(passes):
             row_major, su, sv, (adu, adv), (bdu, bdv) = aggregate.mgm_plan(a, b)
             lines = h if row_major else w
-            kernel[(lines + T - 1) // T, T * kagg.MGM_LANES, self.stream](
-                vol.reshape(vol.size), guide.reshape(h * w), h, w, n, p1, p2tab, S.reshape(S.size), Lg, Mg,
-                progress[k], tickets[k], row_major, su, sv, adu, adv, bdu, bdv, k == 0)
-        return S
+            ready.wait(streams[k])
+            kernel[(lines + T - 1) // T, T * kagg.MGM_LANES, streams[k]](
+                vol.reshape(cells), guide.reshape(h * w), h, w, n, p1, p2tab, S2.view(np.uint32), Lg[k], Mg[k],
+                progress[k], tickets[k], row_major, su, sv, adu, adv, bdu, bdv)
+            e = self._event()
+            e.record(streams[k])
+            done.append(e)
+        for e in done:
+            e.wait(self.stream)  # what follows on the main stream waits for every pass
+        return S2[:cells].reshape(h, w, n)
+
+    def _side_streams(self, k):
+        """k streams besides the main one, made once (MGM's passes run on them at once)."""
+        while len(self._side) < k:
+            self._side.append(self.stream if kc.SIM else cuda.stream())
+        return self._side[:k]
+
+    def _event(self):
+        """An event without timing (ordering between streams; the simulator's takes no arguments)."""
+        return cuda.event() if kc.SIM else cuda.event(timing=False)
 
     @staticmethod
     def _rows(sp, vec):
