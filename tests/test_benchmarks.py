@@ -16,6 +16,7 @@ pytestmark = pytest.mark.skipif(not SHARED_DATA.exists(), reason="the benchmarks
 @pytest.mark.parametrize("script,args", [
     ("accuracy.py", ["--quick"]),
     ("cpu_vs_opencv.py", ["--quick"]),
+    ("pipeline_cost.py", ["--quick"]),
     ("batch.py", ["--quick"]),
     ("cluster.py", ["--quick"]),
     ("large_pair.py", ["--quick"]),
