@@ -206,6 +206,20 @@ def test_weighted_median_identical(rng):
         assert not np.array_equal(want, disp)
 
 
+@pytest.mark.skipif(not REAL_GPU, reason="many blocks: slow under the simulator")
+def test_weighted_median_identical_over_many_blocks(rng):
+    """A map of many kernel blocks, each listing its own edge pixels (some blocks none,
+    some nearly all of them): the CPU's map."""
+    h, w = 150, 260
+    yy, xx = np.mgrid[:h, :w]
+    disp = np.where((xx // 9 + yy // 7) % 2 == 0, 30.0, 6.0) + rng.normal(0, 0.3, (h, w))
+    disp[:, 200:] = 10.0 + 0.02 * xx[:, 200:]  # a smooth part: no edges there
+    disp = disp.astype(np.float32)
+    disp[rng.random(disp.shape) < 0.05] = np.nan
+    guide = rng.integers(0, 256, (h, w * 3)).astype(np.uint8)
+    np.testing.assert_array_equal(on_gpu("weighted_median", disp, guide, 4), on_cpu("weighted_median", disp, guide, 4))
+
+
 def test_fill_long_rows_bit_exact(rng):
     """Rows much wider than the fill kernel's block: each thread takes a segment, and
     invalid runs cross segments, reach both borders, or fill a whole row."""

@@ -483,11 +483,11 @@ class CudaBackend:
     def fill(self, disp, mode):
         h, w = disp.shape
         if mode in (refine.SLOPE, refine.DIRECTIONS):  # the border strip continued along its slope, then
-            first = self._empty((h, w), np.int32)
-            slopes = self._empty((h, w), np.float32)
+            first = self._scratch("first", (h, w), np.int32)
+            slopes = self._scratch("slopes", (h, w), np.float32)
             sloped = self._empty((h, w), np.float32)
-            runs = self._empty((h * w,), np.int32)
-            count = self._zeros((1,), np.int32)
+            runs = self._scratch("runs", (h * w,), np.int32)
+            count = self._scratch("count", (1,), np.int32, zero=True)
             self._launch2(kref.slope_fit_kernel, h, w, disp, first, slopes, sloped, runs, count)
             self._launch_list(kref.slope_apply_kernel, h * w, disp, first, slopes, runs, count, sloped)
             if mode == refine.DIRECTIONS:  # the 2-D fill
@@ -511,12 +511,26 @@ class CudaBackend:
     def weighted_median(self, disp, guide, r):
         h, w = disp.shape
         out = self._empty((h, w), np.float32)
-        edges = self._empty((h * w,), np.int32)
-        count = self._zeros((1,), np.int32)
-        self._launch2(kref.wmf_edges_kernel, h, w, disp, out, edges, count)
-        self._launch_list(kref.wmf_median_kernel, h * w, disp, guide, guide.shape[1] // w, self._wmf_lut(), r,
-                          edges, count, out)
+        self._launch2(kref.wmf_kernel, h, w, disp, guide, guide.shape[1] // w, self._wmf_lut(), r, out)
         return out
+
+    SCRATCH_MAX_PIXELS = 1 << 22
+
+    def _scratch(self, name, shape, dtype, zero=False):
+        """A stage's internal buffer (never handed on), kept for the next call of that size:
+        at small sizes a match is bound by host work, and an allocation costs about as
+        much as a launch. Images over SCRATCH_MAX_PIXELS take pooled buffers instead.
+        zero: cleared (on the stream) before it is handed out."""
+        if kc.SIM or shape[0] * (shape[1] if len(shape) > 1 else 1) > self.SCRATCH_MAX_PIXELS:
+            return self._zeros(shape, dtype) if zero else self._empty(shape, dtype)
+        key = ("scratch", name, shape, np.dtype(dtype).str)
+        buf = self._tables.get(key)
+        if buf is None:
+            buf = self._tables[key] = self._allocate(shape, np.dtype(dtype))
+        if zero:
+            from numba.cuda.cudadrv import driver
+            driver.device_memset(buf, 0, buf.nbytes, stream=self.stream)
+        return buf
 
     def _launch_list(self, kernel, n, *args):
         """A kernel whose threads stride over a list of at most n pixels built on the

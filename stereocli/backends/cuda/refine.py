@@ -119,29 +119,35 @@ def slope_apply_kernel(disp, first, slopes, runs, count, out):
         ref.slope_apply_at(disp, first, slopes, y, runs[i] - y * w, buf, out)
 
 
+WMF_BLOCK = 256  # threads of wmf_kernel's block (its 2-D launch: 32 x 8)
+
+
 @cuda.jit(cache=CACHE)
-def wmf_edges_kernel(disp, out, edges, count):
-    """The weighted median, step 1: out = disp, and the disparity edges listed in
-    `edges` (y * w + x; count[0] of them, in any order), so that step 2's warps are
-    busy on every lane (one thread per pixel idled 31 of 32 lanes: 3.9 ms at 1080p)."""
+def wmf_kernel(disp, guide, nc, lut, r, out):
+    """The weighted median in one launch: each thread copies its pixel to out and, if it
+    is a disparity edge, puts it on its block's list (shared memory); then the block's
+    threads share out that list, so every lane of a warp has an edge pixel to work on
+    (the two launches of wmf_edges_kernel and wmf_median_kernel, with a list in global
+    memory, cost more host time than the GPU's work at small sizes)."""
+    todo = cuda.shared.array(WMF_BLOCK, int32)
+    n = cuda.shared.array(1, int32)
+    samples = cuda.local.array(WMF_MAX_SAMPLES, int32)
+    t = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
+    if t == 0:
+        n[0] = 0
+    cuda.syncthreads()
     x, y = cuda.grid(2)
     h, w = disp.shape
     if y < h and x < w:
         v = disp[y, x]
         out[y, x] = v
         if v == v and ref.disparity_edge_at(disp, y, x):
-            edges[cuda.atomic.add(count, 0, 1)] = y * w + x
-
-
-@cuda.jit(cache=CACHE)
-def wmf_median_kernel(disp, guide, nc, lut, r, edges, count, out):
-    """The weighted median, step 2: refine.weighted_median_at at each listed edge pixel."""
-    samples = cuda.local.array(WMF_MAX_SAMPLES, int32)
-    w = disp.shape[1]
-    for i in range(cuda.grid(1), count[0], cuda.gridsize(1)):
-        y = edges[i] // w
-        x = edges[i] - y * w
-        out[y, x] = ref.weighted_median_at(disp, guide, nc, lut, y, x, r, samples)
+            todo[cuda.atomic.add(n, 0, 1)] = y * w + x
+    cuda.syncthreads()
+    for i in range(t, n[0], cuda.blockDim.x * cuda.blockDim.y):
+        yy = todo[i] // w
+        xx = todo[i] - yy * w
+        out[yy, xx] = ref.weighted_median_at(disp, guide, nc, lut, yy, xx, r, samples)
 
 
 @cuda.jit(cache=CACHE)
