@@ -108,7 +108,6 @@ class CudaBackend:
         self._events = []  # timing events free for reuse (recycle_marks)
         self._tables = {}  # per-size constant tables on the device (path lines, census scale)
         self._pool = _POOL
-        self._sms = 1 if kc.SIM else cuda.get_current_device().MULTIPROCESSOR_COUNT  # for _launch_list
         if not kc.SIM and not _POOL.limit:
             _POOL.limit = cuda.current_context().get_memory_info()[1] // 2
 
@@ -483,21 +482,19 @@ class CudaBackend:
     def fill(self, disp, mode):
         h, w = disp.shape
         if mode in (refine.SLOPE, refine.DIRECTIONS):  # the border strip continued along its slope, then
-            first = self._scratch("first", (h, w), np.int32)
+            first = self._scratch("first", (h, w), np.int32)  # the background fill or the 2-D fill
             slopes = self._scratch("slopes", (h, w), np.float32)
-            sloped = self._empty((h, w), np.float32)
-            runs = self._scratch("runs", (h * w,), np.int32)
-            count = self._scratch("count", (1,), np.int32, zero=True)
-            self._launch2(kref.slope_fit_kernel, h, w, disp, first, slopes, sloped, runs, count)
-            self._launch_list(kref.slope_apply_kernel, h * w, disp, first, slopes, runs, count, sloped)
-            if mode == refine.DIRECTIONS:  # the 2-D fill
-                out = self._empty((h, w), np.float32)
+            sloped = self._scratch("sloped", (h, w), np.float32)
+            self._launch2(kref.slope_fit_kernel, h, w, disp, first, slopes, sloped)
+            out = self._empty((h, w), np.float32)
+            after = refine.BACKGROUND if mode == refine.SLOPE else 0  # (0: the runs only)
+            kref.slope_fill_kernel[h, kref.FILL_THREADS, self.stream](disp, first, slopes, sloped, after, out)
+            if mode == refine.DIRECTIONS:
                 key = ("fill2d",)
                 if key not in self._tables:
                     self._tables[key] = self.upload(refine.FILL2D_DIRECTIONS)
                 self._launch2(kref.fill2d_kernel, h, w, sloped, self._tables[key], out)
-                return out
-            disp, mode = sloped, refine.BACKGROUND  # the background fill
+            return out
         out = self._empty((h, w), np.float32)
         kref.fill_kernel[h, kref.FILL_THREADS, self.stream](disp, mode, out)
         return out
@@ -531,12 +528,6 @@ class CudaBackend:
             from numba.cuda.cudadrv import driver
             driver.device_memset(buf, 0, buf.nbytes, stream=self.stream)
         return buf
-
-    def _launch_list(self, kernel, n, *args):
-        """A kernel whose threads stride over a list of at most n pixels built on the
-        device: few enough threads that their scratch arrays stay in cache."""
-        blocks = min((n + 127) // 128, kref.LIST_BLOCKS_PER_SM * self._sms)
-        kernel[blocks, 128, self.stream](*args)
 
     def _wmf_lut(self):
         if "wmf" not in self._tables:

@@ -1,7 +1,6 @@
 """Refinement kernels (stages/refine.py on the GPU): left-right check, fill (with the
 border slopes), median, weighted median, and the connected components of the speckle filter."""
 import math
-import os
 
 from numba import cuda, float32, int32
 
@@ -12,7 +11,6 @@ ref = device_twins(_ref)  # the stage's shared arithmetic, as device functions
 # local array sizes must be plain globals (a module attribute is not a compile-time constant)
 SLOPE_WINDOW = _ref.SLOPE_WINDOW
 WMF_MAX_SAMPLES = _ref.WMF_MAX_SAMPLES
-LIST_BLOCKS_PER_SM = int(os.environ.get("STEREOCLI_LIST_BLOCKS", 4))  # of 128 threads, for the kernels over lists
 
 @cuda.jit(cache=CACHE)
 def lr_check_kernel(disp, disp_r, max_diff, out):
@@ -56,8 +54,32 @@ def fill_kernel(disp, mode, out):
     its right from one of the first (a search per pixel took time quadratic in the
     length of an invalid run, 1.2 ms at 1920x1080)."""
     buf = cuda.shared.array(FILL_THREADS, int32)
-    h, w = disp.shape
+    _fill_row(disp, mode, out, cuda.blockIdx.x, buf)
+
+
+@cuda.jit(cache=CACHE)
+def slope_fill_kernel(disp, first, slopes, sloped, mode, out):
+    """Fill mode SLOPE, step 2, and the background fill, a row per block: the runs of
+    the row that slope_fit_kernel found continued along the median slope nearby
+    (slope_apply_at, into sloped), then (mode not 0) fill_kernel's row fill of sloped into out. One
+    launch instead of a list kernel and the fill: at small sizes each launch costs more
+    host time than the GPU spends on these steps."""
+    buf = cuda.shared.array(FILL_THREADS, int32)
+    window = cuda.local.array(SLOPE_WINDOW, float32)
     y = cuda.blockIdx.x
+    w = disp.shape[1]
+    for e in range(cuda.threadIdx.x, w, FILL_THREADS):
+        if first[y, e] >= 0:
+            ref.slope_apply_at(disp, first, slopes, y, e, window, sloped)
+    cuda.syncthreads()
+    if mode != 0:
+        _fill_row(sloped, mode, out, y, buf)
+
+
+@cuda.jit(device=True, inline=True)
+def _fill_row(disp, mode, out, y, buf):
+    """fill_kernel's work on row y (the block's FILL_THREADS threads; buf: shared scratch)."""
+    h, w = disp.shape
     t = cuda.threadIdx.x
     seg = (w + FILL_THREADS - 1) // FILL_THREADS
     s0 = min(t * seg, w)
@@ -92,10 +114,9 @@ def fill_kernel(disp, mode, out):
 
 
 @cuda.jit(cache=CACHE)
-def slope_fit_kernel(disp, first, slopes, out, runs, count):
+def slope_fit_kernel(disp, first, slopes, out):
     """Fill mode SLOPE, step 1 (border_slope_cpu's first loop): at the end e of each run
-    that the border rule fills, its start and the slope fitted there, and e listed in
-    `runs` (y * w + e; count[0] of them, in any order); out = disp."""
+    that the border rule fills, its start and the slope fitted there; out = disp."""
     x, y = cuda.grid(2)
     h, w = disp.shape
     if y < h and x < w:
@@ -103,20 +124,6 @@ def slope_fit_kernel(disp, first, slopes, out, runs, count):
         x0 = ref.slope_run_start(disp, y, x)
         first[y, x] = x0
         slopes[y, x] = ref.slope_fit_at(disp, y, x) if x0 >= 0 else float32(math.nan)
-        if x0 >= 0:
-            runs[cuda.atomic.add(count, 0, 1)] = y * w + x
-
-
-@cuda.jit(cache=CACHE)
-def slope_apply_kernel(disp, first, slopes, runs, count, out):
-    """Fill mode SLOPE, step 2: each listed run continued along the median slope nearby
-    (a grid-stride loop over the list: a thread per pixel, each with its scratch array,
-    moved 2.5 GB through DRAM at 1080p, 1.05 ms)."""
-    buf = cuda.local.array(SLOPE_WINDOW, float32)
-    w = disp.shape[1]
-    for i in range(cuda.grid(1), count[0], cuda.gridsize(1)):
-        y = runs[i] // w
-        ref.slope_apply_at(disp, first, slopes, y, runs[i] - y * w, buf, out)
 
 
 WMF_BLOCK = 256  # threads of wmf_kernel's block (its 2-D launch: 32 x 8)
