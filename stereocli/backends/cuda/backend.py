@@ -22,7 +22,25 @@ from . import refine as kref
 from . import select as ksel
 
 if not kc.SIM:  # the simulator has no DeviceNDArray (and no pool)
+    from numba.core import types as _types
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
+    from numba.np import numpy_support as _numpy_support
+
+    class _PooledArray(DeviceNDArray):
+        """The pool's arrays: their Numba type (which every launch asks for) comes from a
+        table when the array is C-contiguous, instead of being built anew for each array
+        handed out (a match hands out about 25)."""
+        _c_types = {}
+
+        @property
+        def _numba_type_(self):
+            if self._dummy.is_c_contig and (self.size == 0 or 0 not in self.strides):
+                key = (self.dtype, self.ndim)
+                t = self._c_types.get(key)
+                if t is None:
+                    t = self._c_types[key] = _types.Array(_numpy_support.from_dtype(self.dtype), self.ndim, "C")
+                return t
+            return super()._numba_type_
 
 # small images launch small grids on purpose; that is not the user's concern
 numba_config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
@@ -132,7 +150,7 @@ class CudaBackend:
             step *= n
         strides = tuple(reversed(strides))
         handle = mem.view(0)  # shared by every reshape/view of the array handed out
-        arr = DeviceNDArray(shape, strides, dtype, stream=self.stream, gpu_data=handle)
+        arr = _PooledArray(shape, strides, dtype, stream=self.stream, gpu_data=handle)
         weakref.finalize(handle, self._pool.give, key, mem)
         return arr
 
