@@ -238,8 +238,10 @@ def _run_strip(gl: np.ndarray, gr: np.ndarray, params: Params, bk, timer: _Timer
         else:
             L, R = bk.to_float(G), bk.to_float(Gr)
     else:
-        guide = np.clip(np.round(gl), 0, 255).astype(np.uint8)
-        L, R, G = bk.upload(gl), bk.upload(gr), bk.upload(guide)
+        L, R, G = bk.upload(gl), bk.upload(gr), bk.upload(np.clip(np.round(gl), 0, 255).astype(np.uint8))
+    # the weighted median's guide goes up with the images: uploaded just before its
+    # stage, from pageable memory, the copy made the host wait for all the GPU work before it
+    W = bk.upload(guide) if guide is not None and params.weighted_median > 0 else None
     timer.lap("upload")
     L, R = _preprocess(bk, L, R, params)
     timer.lap("preprocess")
@@ -269,7 +271,7 @@ def _run_strip(gl: np.ndarray, gr: np.ndarray, params: Params, bk, timer: _Timer
         disp = bk.median(disp, params.median // 2)
         timer.lap("median")
     if params.weighted_median > 0:
-        disp = bk.weighted_median(disp, bk.upload(guide), params.weighted_median)
+        disp = bk.weighted_median(disp, W, params.weighted_median)
         timer.lap("weighted_median")
     result = bk.download(disp)
     conf = bk.download(conf) if want_conf else None
