@@ -220,6 +220,18 @@ def test_weighted_median_identical_over_many_blocks(rng):
     np.testing.assert_array_equal(on_gpu("weighted_median", disp, guide, 4), on_cpu("weighted_median", disp, guide, 4))
 
 
+@pytest.mark.skipif(not REAL_GPU, reason="the simulator takes no kept buffers")
+def test_slope_fill_at_alternating_sizes(rng):
+    """The slope fill keeps its internal buffers for the next call of the same size: maps
+    of other sizes in between (a batch of mixed sizes) still give the CPU's fill."""
+    for h, w in [(40, 60), (50, 70), (40, 60), (300, 500), (40, 60)]:
+        disp = rng.uniform(0, 30, (h, w)).astype(np.float32)
+        disp[rng.random((h, w)) < 0.3] = np.nan
+        disp[:, :8] = np.nan
+        for mode in (3, 4):  # slope, 2-D
+            np.testing.assert_array_equal(on_gpu("fill", disp, mode), on_cpu("fill", disp, mode))
+
+
 def test_fill_long_rows_bit_exact(rng):
     """Rows much wider than the fill kernel's block: each thread takes a segment, and
     invalid runs cross segments, reach both borders, or fill a whole row."""

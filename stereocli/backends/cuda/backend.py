@@ -532,16 +532,19 @@ class CudaBackend:
     SCRATCH_MAX_PIXELS = 1 << 22
 
     def _scratch(self, name, shape, dtype, zero=False):
-        """A stage's internal buffer (never handed on), kept for the next call of that size:
-        at small sizes a match is bound by host work, and an allocation costs about as
-        much as a launch. Images over SCRATCH_MAX_PIXELS take pooled buffers instead.
+        """A stage's internal buffer (never handed on), kept for the next call of the same
+        size: at small sizes a match is bound by host work, and an allocation costs about
+        as much as a launch. One buffer per name (a new size replaces it, so a batch of
+        many sizes holds no more); images over SCRATCH_MAX_PIXELS take pooled buffers.
         zero: cleared (on the stream) before it is handed out."""
         if kc.SIM or shape[0] * (shape[1] if len(shape) > 1 else 1) > self.SCRATCH_MAX_PIXELS:
             return self._zeros(shape, dtype) if zero else self._empty(shape, dtype)
-        key = ("scratch", name, shape, np.dtype(dtype).str)
-        buf = self._tables.get(key)
-        if buf is None:
-            buf = self._tables[key] = self._allocate(shape, np.dtype(dtype))
+        key = ("scratch", name)
+        dtype = np.dtype(dtype)
+        kept = self._tables.get(key)
+        if kept is None or kept.shape != tuple(shape) or kept.dtype != dtype:
+            kept = self._tables[key] = self._allocate(tuple(shape), dtype)
+        buf = kept
         if zero:
             from numba.cuda.cudadrv import driver
             driver.device_memset(buf, 0, buf.nbytes, stream=self.stream)
