@@ -325,9 +325,7 @@ def speckle_sizes_cpu(disp, max_diff):
     for i in range(ne):
         total[_root(parent, edge[i])] += sizes[edge[i]]
     for i in range(ne):  # each joined label's region size (the others' is their band's)
-        parent[edge[i]] = _root(parent, edge[i])
-    for i in range(ne):
-        sizes[edge[i]] = total[parent[edge[i]]]
+        sizes[edge[i]] = total[_root(parent, edge[i])]
     out = np.zeros((h, w), np.int32)
     for y in prange(h):
         for x in range(w):

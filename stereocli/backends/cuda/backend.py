@@ -526,29 +526,25 @@ class CudaBackend:
     def weighted_median(self, disp, guide, r):
         h, w = disp.shape
         out = self._empty((h, w), np.float32)
-        self._launch2(kref.wmf_kernel, h, w, disp, guide, guide.shape[1] // w, self._wmf_lut(), r, out)
+        g, b = _grid2(h, w, *kref.WMF_BLOCK)  # (its shared list holds one entry per thread)
+        kref.wmf_kernel[g, b, self.stream](disp, guide, guide.shape[1] // w, self._wmf_lut(), r, out)
         return out
 
     SCRATCH_MAX_PIXELS = 1 << 22
 
-    def _scratch(self, name, shape, dtype, zero=False):
+    def _scratch(self, name, shape, dtype):
         """A stage's internal buffer (never handed on), kept for the next call of the same
         size: at small sizes a match is bound by host work, and an allocation costs about
         as much as a launch. One buffer per name (a new size replaces it, so a batch of
-        many sizes holds no more); images over SCRATCH_MAX_PIXELS take pooled buffers.
-        zero: cleared (on the stream) before it is handed out."""
+        many sizes holds no more); images over SCRATCH_MAX_PIXELS take pooled buffers."""
         if kc.SIM or shape[0] * (shape[1] if len(shape) > 1 else 1) > self.SCRATCH_MAX_PIXELS:
-            return self._zeros(shape, dtype) if zero else self._empty(shape, dtype)
+            return self._empty(shape, dtype)
         key = ("scratch", name)
         dtype = np.dtype(dtype)
         kept = self._tables.get(key)
         if kept is None or kept.shape != tuple(shape) or kept.dtype != dtype:
             kept = self._tables[key] = self._allocate(tuple(shape), dtype)
-        buf = kept
-        if zero:
-            from numba.cuda.cudadrv import driver
-            driver.device_memset(buf, 0, buf.nbytes, stream=self.stream)
-        return buf
+        return kept
 
     def _wmf_lut(self):
         if "wmf" not in self._tables:

@@ -126,7 +126,8 @@ def slope_fit_kernel(disp, first, slopes, out):
         slopes[y, x] = ref.slope_fit_at(disp, y, x) if x0 >= 0 else float32(math.nan)
 
 
-WMF_BLOCK = 256  # threads of wmf_kernel's block (its 2-D launch: 32 x 8)
+WMF_BLOCK = (32, 8)  # wmf_kernel's block
+WMF_THREADS = WMF_BLOCK[0] * WMF_BLOCK[1]
 
 
 @cuda.jit(cache=CACHE)
@@ -134,9 +135,9 @@ def wmf_kernel(disp, guide, nc, lut, r, out):
     """The weighted median in one launch: each thread copies its pixel to out and, if it
     is a disparity edge, puts it on its block's list (shared memory); then the block's
     threads share out that list, so every lane of a warp has an edge pixel to work on
-    (the two launches of wmf_edges_kernel and wmf_median_kernel, with a list in global
-    memory, cost more host time than the GPU's work at small sizes)."""
-    todo = cuda.shared.array(WMF_BLOCK, int32)
+    (two launches, with a list in global memory, cost more host time than the GPU's
+    work at small sizes). Launched with WMF_BLOCK blocks."""
+    todo = cuda.shared.array(WMF_THREADS, int32)
     n = cuda.shared.array(1, int32)
     samples = cuda.local.array(WMF_MAX_SAMPLES, int32)
     t = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
@@ -151,7 +152,7 @@ def wmf_kernel(disp, guide, nc, lut, r, out):
         if v == v and ref.disparity_edge_at(disp, y, x):
             todo[cuda.atomic.add(n, 0, 1)] = y * w + x
     cuda.syncthreads()
-    for i in range(t, n[0], cuda.blockDim.x * cuda.blockDim.y):
+    for i in range(t, n[0], WMF_THREADS):
         yy = todo[i] // w
         xx = todo[i] - yy * w
         out[yy, xx] = ref.weighted_median_at(disp, guide, nc, lut, yy, xx, r, samples)
