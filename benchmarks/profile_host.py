@@ -1,8 +1,8 @@
 """Host-side cost of one match: with small images the GPU waits on Python (kernel
 launches, buffer handling, timing events), so the wall time per match, not the kernel
-time, bounds a batch. Prints one JSON line (size, disparities, wall ms per match, the
-per-stage device times of the last run) and, with --profile, cProfile's top functions
-by internal time over the same number of matches.
+time, bounds a batch. Prints one JSON line (size, disparities, wall ms per match: mean,
+median and best, the per-stage device times of the last run) and, with --profile,
+cProfile's top functions by internal time over the same number of matches.
 
     python benchmarks/profile_host.py [--scene teddy] [-n 64] [--runs 100] [--device cuda] [--profile]
 """
@@ -13,6 +13,7 @@ import pstats
 import time
 
 import cv2
+import numpy as np
 
 from common import DATA, emit
 
@@ -34,12 +35,14 @@ def main():
     params = config.load("default", None, {"num_disparities": a.num_disparities})
     for _ in range(5):
         pipeline.run(left, right, params, bk)  # compile / load, fill the buffer pool
-    t = time.perf_counter()
+    times = []
     for _ in range(a.runs):
+        t = time.perf_counter()
         res = pipeline.run(left, right, params, bk)
-    wall = (time.perf_counter() - t) * 1e3 / a.runs
+        times.append((time.perf_counter() - t) * 1e3)
     emit(scene=a.scene, width=left.shape[1], height=left.shape[0], num_disparities=a.num_disparities,
-         device=bk.name, runs=a.runs, wall_ms_per_match=round(wall, 3),
+         device=bk.name, runs=a.runs, wall_ms_per_match=round(sum(times) / a.runs, 3),
+         median_ms=round(float(np.median(times)), 3), best_ms=round(min(times), 3),
          device_stages_ms={k: round(v, 3) for k, v in res.timings.items()},
          device_total_ms=round(sum(res.timings.values()), 3))
     if a.profile:

@@ -20,27 +20,29 @@ from . import cost as kcost
 from . import preprocess as kpre
 from . import refine as kref
 from . import select as ksel
+from .launch import Launcher
 
 if not kc.SIM:  # the simulator has no DeviceNDArray (and no pool)
-    from numba.core import types as _types
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
-    from numba.np import numpy_support as _numpy_support
 
-    class _PooledArray(DeviceNDArray):
-        """The pool's arrays: their Numba type (which every launch asks for) comes from a
-        table when the array is C-contiguous, instead of being built anew for each array
-        handed out (a match hands out about 25)."""
-        _c_types = {}
 
-        @property
-        def _numba_type_(self):
-            if self._dummy.is_c_contig and (self.size == 0 or 0 not in self.strides):
-                key = (self.dtype, self.ndim)
-                t = self._c_types.get(key)
-                if t is None:
-                    t = self._c_types[key] = _types.Array(_numpy_support.from_dtype(self.dtype), self.ndim, "C")
-                return t
-            return super()._numba_type_
+class _Handle:
+    """The gpu_data of a pooled array and of every array made from it: views and
+    reshapes share it, slices hold it (their own handle refers to it), so it dies with
+    the last of them, and then its buffer goes back to the pool. Cheaper than Numba's
+    own view of the memory (a MemoryPointer and an OwnedPointer with a finalizer)."""
+    __slots__ = ("_ptr", "_parent", "device_ctypes_pointer", "__weakref__")
+
+    def __init__(self, ptr, parent=None):
+        self._ptr = ptr
+        self._parent = parent
+        self.device_ctypes_pointer = ptr.device_ctypes_pointer
+
+    def view(self, start, stop=None):
+        return _Handle(self._ptr.view(start, stop), self)
+
+    def __getattr__(self, name):
+        return getattr(self._ptr, name)
 
 # small images launch small grids on purpose; that is not the user's concern
 numba_config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
@@ -100,6 +102,15 @@ class _Pool:
 
 
 _POOL = _Pool()  # one per process, shared by every CudaBackend (they share the device)
+_LIVE = {}  # weak reference to a pooled array's _Handle -> (pool, key, memory), until it dies
+
+
+def _give_back(ref):
+    pool, key, mem = _LIVE.pop(ref, (None, None, None))
+    try:
+        pool.give(key, mem)
+    except (ReferenceError, AttributeError):  # at exit, after Numba closed the context and freed the memory
+        pass
 
 
 class PathVolumes:
@@ -126,6 +137,8 @@ class CudaBackend:
         self._events = []  # timing events free for reuse (recycle_marks)
         self._tables = {}  # per-size constant tables on the device (path lines, census scale)
         self._pool = _POOL
+        self._launcher = Launcher()
+        self._like = {}  # (shape, dtype) -> attributes of a pooled array of that shape (_empty)
         if not kc.SIM and not _POOL.limit:
             _POOL.limit = cuda.current_context().get_memory_info()[1] // 2
 
@@ -143,15 +156,20 @@ class CudaBackend:
         mem = self._pool.take(key)
         if mem is None:
             mem = self._allocate(shape, dtype).gpu_data
-        strides = []  # C order (np.prod here cost as much as the rest of _empty)
-        step = dtype.itemsize
-        for n in reversed(shape):
-            strides.append(step)
-            step *= n
-        strides = tuple(reversed(strides))
-        handle = mem.view(0)  # shared by every reshape/view of the array handed out
-        arr = _PooledArray(shape, strides, dtype, stream=self.stream, gpu_data=handle)
-        weakref.finalize(handle, self._pool.give, key, mem)
+        handle = _Handle(mem)
+        # a new array with the attributes of the last one of this shape (DeviceNDArray's
+        # __init__ builds its index description anew each time: most of _empty's cost)
+        like = self._like.get(key)
+        if like is None:
+            if len(self._like) > 256:  # a batch of many sizes
+                self._like.clear()
+            strides = dtype.itemsize * np.cumprod((1,) + shape[:0:-1])[::-1]  # C order
+            like = self._like[key] = vars(DeviceNDArray(shape, tuple(int(v) for v in strides), dtype,
+                                                        stream=self.stream, gpu_data=mem))
+        arr = DeviceNDArray.__new__(DeviceNDArray)
+        vars(arr).update(like)
+        arr.gpu_data = handle
+        _LIVE[weakref.ref(handle, _give_back)] = (self._pool, key, mem)
         return arr
 
     def _allocate(self, shape, dtype):
@@ -224,19 +242,23 @@ class CudaBackend:
         free, _ = cuda.current_context().get_memory_info()
         return free + self._pool.nbytes  # the pool's free buffers are given back when memory runs short
 
+    def _launch(self, kernel, grid, block, *args):
+        """kernel[grid, block, self.stream](*args), with Numba's host work done once (launch.Launcher)."""
+        self._launcher.launch(kernel, grid, block, self.stream, *args)
+
     def _launch2(self, kernel, h, w, *args):
         g, b = _grid2(h, w)
-        kernel[g, b, self.stream](*args)
+        self._launch(kernel, g, b, *args)
 
     def _launch_rows(self, kernel, h, row, *args):
         """A volume kernel (common._volume_index): one grid row per image row of `row` elements."""
         if h > 65535:
             raise StereoError(f"the GPU kernels take images up to 65535 rows, not {h}; use --device cpu")
-        kernel[((row + kc.TPB - 1) // kc.TPB, h), kc.TPB, self.stream](*args)
+        self._launch(kernel, ((row + kc.TPB - 1) // kc.TPB, h), kc.TPB, *args)
 
     def _launch1(self, kernel, n, *args):
         g, b = _grid1(n)
-        kernel[g, b, self.stream](*args)
+        self._launch(kernel, g, b, *args)
 
     # ------------------------------------------------------------ preprocessing
     def dog(self, img, k1, k2):
@@ -267,13 +289,12 @@ class CudaBackend:
         tiled = left.dtype in (np.float32, np.uint8, np.uint16) and right.dtype == left.dtype
         census = kcost.census_kernel_for(wx, wy, tiled)
         bx, by = kcost.CENSUS_BLOCK
-        census[((w + bx - 1) // bx, (h + by - 1) // by, 2), (bx, by), self.stream](left, right, cl, cr)
+        self._launch(census, ((w + bx - 1) // bx, (h + by - 1) // by, 2), (bx, by), left, right, cl, cr)
         vol = self._empty((h, w, ndisp), np.uint8)
         scale = self._census_scale(wx * wy - 1)
         if ndisp % 8 == 0 and ndisp <= kcost.TILE_MAX_D:
-            kcost.census_volume_tile_kernel[((w + kcost.TILE_X - 1) // kcost.TILE_X, h), 8 if kc.SIM else 256,
-                                            self.stream](
-                cl, cr, min_d, scale, vol.view(np.uint64))
+            self._launch(kcost.census_volume_tile_kernel, ((w + kcost.TILE_X - 1) // kcost.TILE_X, h),
+                         8 if kc.SIM else 256, cl, cr, min_d, scale, vol.view(np.uint64))
         elif ndisp % 4 == 0 and not kc.SIM:
             self._launch_rows(kcost.census_volume4_kernel, h, w * ndisp // 4, cl, cr, min_d, scale, vol.view(np.uint32))
         else:
@@ -346,8 +367,8 @@ class CudaBackend:
         blocks = (starts.shape[0] + per_block - 1) // per_block
         threads = G if kc.SIM else 32 * kc.SGM_WARPS
         c1 = vol.view(np.uint32).reshape(vol.size // 4) if vec else vol.reshape(vol.size)  # flat
-        kernel[blocks, threads, self.stream](c1, guide.reshape(h * w), h, w, n, p1,
-                                             self._p2_table(p1, p2, adaptive), self._rows(sp, vec), dirs, starts)
+        self._launch(kernel, blocks, threads, c1, guide.reshape(h * w), h, w, n, p1,
+                     self._p2_table(p1, p2, adaptive), self._rows(sp, vec), dirs, starts)
         return PathVolumes(sp, vec)
 
     def mgm(self, vol, guide, p1, p2, adaptive, paths):
@@ -378,7 +399,8 @@ class CudaBackend:
             row_major, su, sv, (adu, adv), (bdu, bdv) = aggregate.mgm_plan(a, b)
             lines = h if row_major else w
             ready.wait(streams[k])
-            kernel[(lines + T - 1) // T, T * kagg.MGM_LANES, streams[k]](
+            self._launcher.launch(
+                kernel, (lines + T - 1) // T, T * kagg.MGM_LANES, streams[k],
                 vol.reshape(cells), guide.reshape(h * w), h, w, n, p1, p2tab, S2.view(np.uint32), Lg[k], Mg[k],
                 progress[k], tickets[k], row_major, su, sv, adu, adv, bdu, bdv)
             e = self._event()
@@ -468,8 +490,8 @@ class CudaBackend:
         out_r = self._empty((h, w), np.float32) if right else out
         out_c = self._empty((h, w), np.float32) if confidence else out
         grid = ((w + ksel.SELECT_SEGMENT - 1) // ksel.SELECT_SEGMENT, h)
-        ksel.select_kernel_for(vec, n)[grid, kc.SGM_LANES * ksel.SELECT_WARPS, self.stream](
-            V, V.shape[0], w, n, shift, min_d, np.float32(uniqueness), bool(subpixel), bool(right),
+        self._launch(
+            ksel.select_kernel_for(vec, n), grid, kc.SGM_LANES * ksel.SELECT_WARPS, V, V.shape[0], w, n, shift, min_d, np.float32(uniqueness), bool(subpixel), bool(right),
             bool(confidence), out, out_r, out_c)
         return out, (out_r if right else None), (out_c if confidence else None)
 
@@ -506,7 +528,7 @@ class CudaBackend:
             self._launch2(kref.slope_fit_kernel, h, w, disp, first, slopes, sloped)
             out = self._empty((h, w), np.float32)
             after = refine.BACKGROUND if mode == refine.SLOPE else 0  # (0: the runs only)
-            kref.slope_fill_kernel[h, kref.FILL_THREADS, self.stream](disp, first, slopes, sloped, after, out)
+            self._launch(kref.slope_fill_kernel, h, kref.FILL_THREADS, disp, first, slopes, sloped, after, out)
             if mode == refine.DIRECTIONS:
                 key = ("fill2d",)
                 if key not in self._tables:
@@ -514,7 +536,7 @@ class CudaBackend:
                 self._launch2(kref.fill2d_kernel, h, w, sloped, self._tables[key], out)
             return out
         out = self._empty((h, w), np.float32)
-        kref.fill_kernel[h, kref.FILL_THREADS, self.stream](disp, mode, out)
+        self._launch(kref.fill_kernel, h, kref.FILL_THREADS, disp, mode, out)
         return out
 
     def median(self, disp, r):
@@ -527,7 +549,7 @@ class CudaBackend:
         h, w = disp.shape
         out = self._empty((h, w), np.float32)
         g, b = _grid2(h, w, *kref.WMF_BLOCK)  # (its shared list holds one entry per thread)
-        kref.wmf_kernel[g, b, self.stream](disp, guide, guide.shape[1] // w, self._wmf_lut(), r, out)
+        self._launch(kref.wmf_kernel, g, b, disp, guide, guide.shape[1] // w, self._wmf_lut(), r, out)
         return out
 
     SCRATCH_MAX_PIXELS = 1 << 22
