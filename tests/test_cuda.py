@@ -322,6 +322,43 @@ def test_pooled_buffers_do_not_leak_between_pairs():
     assert same_maps(a, first).all()  # the same pair again, after another one
 
 
+@pytest.mark.skipif(not REAL_GPU, reason="the staging buffers are off under the simulator")
+def test_uploads_queued_together_each_arrive_whole(rng):
+    """Uploads go through a few pinned buffers used in turn, without waiting for the GPU:
+    more uploads than buffers, of several sizes, queued behind slow work, must each
+    arrive as they were (a buffer refilled before its copy left would mix them)."""
+    C = rng.integers(0, 256, (400, 600, 64)).astype(np.uint8)
+    G = rng.integers(0, 256, (400, 600)).astype(np.uint8)
+    C, G = GPU.upload(C), GPU.upload(G)
+    GPU.synchronize()
+    sizes = (1000, 5000, 300_000, 1000, 200_000, 50, 250_000, 7, 3_000_000)  # two rounds of the buffers, and one
+    hosts = [rng.random(n).astype(np.float32) for n in sizes]  # larger than they take
+    busy = [GPU.sgm(C, G, 20, 200, True, 16) for _ in range(2)]
+    del busy
+    devs = [GPU.upload(a) for a in hosts]  # (the device buffers of these sizes: then in the pool)
+    del devs
+    GPU.synchronize()
+    busy = [GPU.sgm(C, G, 20, 200, True, 16) for _ in range(2)]  # the stream busy while the uploads are queued
+    devs = [GPU.upload(a[::-1]) for a in hosts]
+    for a, d in zip(hosts, devs):
+        np.testing.assert_array_equal(GPU.download(d), a[::-1])
+    del busy
+
+
+@pytest.mark.skipif(not REAL_GPU, reason="the buffer pool is off under the simulator")
+def test_a_slice_keeps_its_buffer_from_the_pool():
+    """A buffer goes back to the pool when the last array over it is garbage: a slice
+    that outlives the array it was cut from still owns its values."""
+    import gc
+    a = GPU.upload(np.arange(1000, dtype=np.float32))
+    part = a[100:110]
+    del a
+    gc.collect()
+    b = GPU.upload(np.full(1000, -1, np.float32))  # would take a's buffer if it had gone back
+    np.testing.assert_array_equal(GPU.download(part), np.arange(100, 110, dtype=np.float32))
+    np.testing.assert_array_equal(GPU.download(b), -1)
+
+
 def test_non_finite_input_pixels_give_the_same_invalid_map_on_both_devices():
     left, right = textured_pair(h=24, w=36, shift=3, seed=13)
     left[5, 10] = np.nan
