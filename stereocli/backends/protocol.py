@@ -27,8 +27,9 @@ class Backend(Protocol):
     def to_float(self, a: Array) -> Array:
         """uint8 (H, W) -> float32 (H, W), the same values."""
 
-    def download(self, a: Array):
-        """A device array back as a host numpy array."""
+    def download(self, a: Array, out=None):
+        """A device array back as a host numpy array; into `out` (a host array of its
+        shape and dtype, e.g. rows of the final map) when given, which is returned."""
 
     def synchronize(self) -> None:
         """Wait for the work launched so far."""

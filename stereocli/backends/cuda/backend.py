@@ -141,6 +141,7 @@ class CudaBackend:
         self._launcher = Launcher()
         self._staging = [(None, None)] * self.STAGING_SLOTS  # (pinned buffer, event after its last copy)
         self._staged = 0  # the slot used last
+        self._download_buf = None  # pinned, grown to the largest download
         self._like = {}  # (shape, dtype) -> attributes of a pooled array of that shape (_empty)
         if not kc.SIM and not _POOL.limit:
             _POOL.limit = cuda.current_context().get_memory_info()[1] // 2
@@ -236,16 +237,43 @@ class CudaBackend:
         self._launch2(kpre.to_float_kernel, h, w, a, out)
         return out
 
-    def download(self, a):
+    DOWNLOAD_STAGING_MIN_BYTES = 16 << 20  # smaller maps come straight into pageable memory
+    DOWNLOAD_STAGING_MAX_BYTES = 256 << 20
+
+    def download(self, a, out=None):
+        """The array on the host (into `out` when given). Maps of 16 MiB or more come
+        through a pinned buffer: a copy into pageable memory ran at about 2.5 GB/s
+        (3840x2160 float32: 13.2 ms; staged 6.2 ms). At 1920x1080 (8 MiB) staging gained
+        nothing (1.47 ms against 0.86-1.56: the copy out of the buffer costs as much)."""
         if isinstance(a, PathVolumes):
             a = self.sum_paths(a)
         if kc.SIM or not a._dummy.is_c_contig:
             host = a.copy_to_host(stream=self.stream)
-        else:
+            self.stream.synchronize()
+            if out is None:
+                return host
+            np.copyto(out, host)
+            return out
+        if out is None or not out.flags.c_contiguous or out.shape != a.shape or out.dtype != a.dtype:
             host = np.empty(a.shape, a.dtype)
-            if a.size:
-                _driver.device_to_host(host, a, host.nbytes, stream=self.stream)
-        self.stream.synchronize()
+        else:
+            host = out
+        nbytes = host.nbytes
+        if self.DOWNLOAD_STAGING_MIN_BYTES <= nbytes <= self.DOWNLOAD_STAGING_MAX_BYTES:
+            if self._download_buf is None or self._download_buf.size < nbytes:
+                self._download_buf = None  # (freed before the larger one is pinned)
+                self._download_buf = cuda.pinned_array(nbytes, np.uint8)
+            staged = self._download_buf[:nbytes].view(a.dtype).reshape(a.shape)
+            _driver.device_to_host(staged, a, nbytes, stream=self.stream)
+            self.stream.synchronize()
+            np.copyto(host, staged)
+        else:
+            if nbytes:
+                _driver.device_to_host(host, a, nbytes, stream=self.stream)
+            self.stream.synchronize()
+        if out is not None and host is not out:
+            np.copyto(out, host)
+            return out
         return host
 
     def synchronize(self):
