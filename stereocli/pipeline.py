@@ -257,6 +257,7 @@ def _run_strip(gl: np.ndarray, gr: np.ndarray, params: Params, bk, timer: _Timer
     if params.lr_check:
         disp = bk.lr_check(disp, disp_r, params.lr_max_diff)
         timer.lap("lr_check")
+    bk.recycle(agg, vol)  # (the CPU keeps large volumes for the next match of this size)
     del agg, vol
     if params.speckle_size > 0:
         disp = bk.speckle(disp, params.speckle_size, params.speckle_diff)

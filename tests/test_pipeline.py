@@ -174,3 +174,34 @@ def test_a_process_memory_limit_plans_smaller_strips_and_says_so():
     bk.memory_limit = (cpu._resident_bytes() or 0) + 256 * 2 ** 20
     strips, note = pipeline.layout(1500, 2000, params, bk)
     assert len(strips) > 1 and "free memory" in note and "--max-memory" in note
+
+
+def test_cpu_volumes_given_back_are_used_again_with_the_same_results():
+    """The pipeline gives its volumes back after the selection; the CPU backend makes the
+    next volumes of that size in them (every element written again, so the results are
+    those of fresh arrays), and never in one that was not given back."""
+    from stereocli.backends import cpu
+    bk, fresh = cpu.CpuBackend(), cpu.CpuBackend()
+    bk.KEEP_MIN_BYTES = 0  # keep even these small ones
+    (l1, r1), (l2, r2) = (textured_pair(h=30, w=48, shift=s, seed=40 + s) for s in (3, 6))
+    g1 = l1.astype(np.uint8)
+    a = bk.census_volume(l1, r1, 0, 8, 9, 7)
+    held = a.copy()
+    b = bk.census_volume(l2, r2, 0, 8, 9, 7)  # `a` was not given back
+    assert b is not a
+    np.testing.assert_array_equal(a, held)
+    s1 = bk.sgm(a, g1, 20, 200, True, 8)
+    bk.recycle(s1, b)
+    c = bk.census_volume(l1, r1, 0, 8, 9, 7)
+    s2 = bk.sgm(c, g1, 20, 200, True, 8)
+    assert c is b and s2 is s1  # in the given-back arrays
+    np.testing.assert_array_equal(c, fresh.census_volume(l1, r1, 0, 8, 9, 7))
+    np.testing.assert_array_equal(s2, fresh.sgm(c, g1, 20, 200, True, 8))
+    d = bk.census_volume(l2, r2, 0, 8, 9, 7)  # nothing given back since
+    assert d is not c
+    from stereocli import config, pipeline
+    params = config.load("default", None, {"num_disparities": 8})
+    first = pipeline.run(l1, r1, params, bk).disparity
+    assert len(bk._spare) == 2  # the run gave back its cost and aggregation volumes
+    again = pipeline.run(l1, r1, params, bk).disparity  # made in them
+    np.testing.assert_array_equal(again, first)

@@ -31,6 +31,11 @@ class Backend(Protocol):
         """A device array back as a host numpy array; into `out` (a host array of its
         shape and dtype, e.g. rows of the final map) when given, which is returned."""
 
+    def recycle(self, *arrays) -> None:
+        """The caller is done with these arrays (the pipeline's volumes, after the
+        selection) and holds no other reference to them: the backend may use their memory
+        again."""
+
     def synchronize(self) -> None:
         """Wait for the work launched so far."""
 

@@ -335,12 +335,13 @@ def vertical_by_lines(C) -> bool:
     return numba.get_num_threads() >= LINES_MIN_THREADS and C.size <= LINES_MAX_CELLS
 
 
-def sgm_cpu(C, guide, p1, p2, adaptive, paths, by_lines=None):
+def sgm_cpu(C, guide, p1, p2, adaptive, paths, by_lines=None, out=None):
     """The uint16 sum over `paths` directions: 4 or 8 in three sweeps (see above); 16
     (whose knight-move lines skip rows) line by line. `by_lines`: how the vertical
-    sweeps run (None: vertical_by_lines decides; the sums are the same)."""
+    sweeps run (None: vertical_by_lines decides; the sums are the same). Into `out`
+    (h, w, n) uint16 when given (every element is written)."""
     h, w, n = C.shape
-    S = np.empty((h, w, n), np.uint16)
+    S = np.empty((h, w, n), np.uint16) if out is None else out
     p2tab = p2_table(p1, p2, adaptive)
     if paths in (4, 8):
         sgm_horizontal_cpu(C, guide, np.int32(p1), p2tab, S)

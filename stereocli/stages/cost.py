@@ -158,14 +158,21 @@ def census_transform_cpu(img, wx, wy):
     return out
 
 
-@njit(parallel=True, cache=CACHE)
-def census_volume_cpu(cl, cr, min_d, ndisp, scale):
+def census_volume_cpu(cl, cr, min_d, ndisp, scale, out=None):
     """C[y, x, d] = census_cost_value(cl[y, x], cr[y, x - min_d - d], scale), OUTSIDE where
-    that right pixel is outside the image. The right row is walked reversed, so that for
-    one x the d loop reads ascending memory (it vectorises); the Hamming distances go
-    through the table in a second loop."""
+    that right pixel is outside the image; into `out` (h, w, ndisp) uint8 when given."""
+    vol = np.empty(cl.shape + (ndisp,), np.uint8) if out is None else out
+    census_volume_into_cpu(cl, cr, min_d, scale, vol)
+    return vol
+
+
+@njit(parallel=True, cache=CACHE)
+def census_volume_into_cpu(cl, cr, min_d, scale, vol):
+    """census_volume_cpu's loop. The right row is walked reversed, so that for one x the
+    d loop reads ascending memory (it vectorises); the Hamming distances go through the
+    table in a second loop."""
     h, w = cl.shape
-    vol = np.empty((h, w, ndisp), np.uint8)
+    ndisp = vol.shape[2]
     for y in prange(h):
         rev = cr[y, ::-1].copy()  # rev[k] = cr[y, w - 1 - k]
         ham = np.empty(ndisp, np.uint8)
@@ -189,7 +196,6 @@ def census_volume_cpu(cl, cr, min_d, ndisp, scale):
                 out[lo + d] = scale[ham[d]]
             for d in range(hi, ndisp):
                 out[d] = OUTSIDE
-    return vol
 
 
 @njit(parallel=True, cache=CACHE)
