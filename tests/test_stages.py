@@ -10,7 +10,7 @@ import reference as ref
 from stereocli.backends.cpu import CpuBackend
 from stereocli.config import Params
 from stereocli.pipeline import cost_volume
-from stereocli.stages import preprocess, refine
+from stereocli.stages import cost, preprocess, refine
 
 BK = CpuBackend()
 
@@ -20,7 +20,21 @@ def random_images(rng, h=12, w=20):
             rng.integers(0, 256, (h, w)).astype(np.float32))
 
 
-@pytest.mark.parametrize("wx,wy,min_d", [(9, 7, 0), (5, 3, -2), (3, 3, 4)])
+def test_census_costs_computed_on_the_cpu_are_the_lookup_table():
+    """The CPU's census volume scales Hamming distances with a multiply and a shift
+    (census_scale_magic) where the GPU looks them up in census_scale: the same cost for
+    every distance of every census size the options accept."""
+    from stereocli.config import CENSUS_MAX_BITS
+    h = np.arange(65, dtype=np.uint64)
+    for nbits in range(1, CENSUS_MAX_BITS + 1):
+        mul, add, shift = cost.census_scale_magic(nbits)
+        assert 64 * int(mul) + int(add) < 2 ** 32  # no uint32 overflow
+        got = np.minimum((h * np.uint64(mul) + np.uint64(add)) >> np.uint64(shift), 255)
+        want = np.minimum((h * 255 + nbits // 2) // nbits, 255)  # the reference's rounding
+        np.testing.assert_array_equal(got, want, err_msg=f"{nbits} bits")
+
+
+@pytest.mark.parametrize("wx,wy,min_d", [(9, 7, 0), (5, 3, -2), (3, 3, 4), (7, 5, 1)])
 def test_census_volume_matches_reference(rng, wx, wy, min_d):
     L, R = random_images(rng)
     got = BK.census_volume(L, R, min_d, 6, wx, wy)

@@ -111,7 +111,7 @@ class CpuBackend:
         cl = cost.census_transform_cpu(left, wx, wy)
         cr = cost.census_transform_cpu(right, wx, wy)
         vol = self._volume(cl.shape + (ndisp,), np.dtype(np.uint8))
-        return cost.census_volume_cpu(cl, cr, min_d, ndisp, cost.census_scale(wx * wy - 1), vol)
+        return cost.census_volume_cpu(cl, cr, min_d, ndisp, wx * wy - 1, vol)
 
     def diff_volume(self, left, right, min_d, ndisp, kind):
         return cost.diff_volume_cpu(left, right, min_d, ndisp, kind)

@@ -67,6 +67,23 @@ def census_scale(nbits: int) -> np.ndarray:
     return np.minimum((h * 255 + nbits // 2) // nbits, 255).astype(np.uint8)
 
 
+def census_scale_magic(nbits: int) -> tuple[np.uint32, np.uint32, np.uint32]:
+    """(mul, add, shift) such that min((h * mul + add) >> shift, 255), in uint32, is
+    census_scale(nbits)[h] for every h in 0..64: the CPU's census volume computes its
+    costs so instead of looking each one up (at one thread a lookup per cell cost more
+    than the Hamming distance itself: teddy's volume 3.9 ms, 2.6 without)."""
+    table = census_scale(nbits)
+    h = np.arange(65, dtype=np.uint64)
+    for shift in range(8, 32):
+        m = -(-(1 << shift) // nbits)  # ceil(2**shift / nbits)
+        mul, add = 255 * m, (nbits // 2) * m
+        if 64 * mul + add >= 1 << 32:
+            break
+        if np.array_equal(np.minimum((h * np.uint64(mul) + np.uint64(add)) >> np.uint64(shift), 255), table):
+            return np.uint32(mul), np.uint32(add), np.uint32(shift)
+    raise ValueError(f"no uint32 form of the census scale for {nbits} bits")
+
+
 @shared
 def census_cost_value(a, b, scale):
     """Hamming distance of two census strings, scaled to cost units by the table `scale`."""
@@ -158,19 +175,20 @@ def census_transform_cpu(img, wx, wy):
     return out
 
 
-def census_volume_cpu(cl, cr, min_d, ndisp, scale, out=None):
-    """C[y, x, d] = census_cost_value(cl[y, x], cr[y, x - min_d - d], scale), OUTSIDE where
-    that right pixel is outside the image; into `out` (h, w, ndisp) uint8 when given."""
+def census_volume_cpu(cl, cr, min_d, ndisp, nbits, out=None):
+    """C[y, x, d] = census_cost_value(cl[y, x], cr[y, x - min_d - d], census_scale(nbits)),
+    OUTSIDE where that right pixel is outside the image; into `out` (h, w, ndisp) uint8
+    when given."""
     vol = np.empty(cl.shape + (ndisp,), np.uint8) if out is None else out
-    census_volume_into_cpu(cl, cr, min_d, scale, vol)
+    census_volume_into_cpu(cl, cr, min_d, *census_scale_magic(nbits), vol)
     return vol
 
 
 @njit(parallel=True, cache=CACHE)
-def census_volume_into_cpu(cl, cr, min_d, scale, vol):
+def census_volume_into_cpu(cl, cr, min_d, mul, add, shift, vol):
     """census_volume_cpu's loop. The right row is walked reversed, so that for one x the
-    d loop reads ascending memory (it vectorises); the Hamming distances go through the
-    table in a second loop."""
+    d loop reads ascending memory (it vectorises); the Hamming distances are scaled to
+    costs (census_scale_magic) in a second loop, which vectorises too."""
     h, w = cl.shape
     ndisp = vol.shape[2]
     for y in prange(h):
@@ -193,7 +211,7 @@ def census_volume_into_cpu(cl, cr, min_d, scale, vol):
                 v = (v + (v >> np.uint64(4))) & M4
                 ham[d] = np.uint8((v * H01) >> np.uint64(56))
             for d in range(hi - lo):
-                out[lo + d] = scale[ham[d]]
+                out[lo + d] = np.uint8(min((np.uint32(ham[d]) * mul + add) >> shift, np.uint32(255)))
             for d in range(hi, ndisp):
                 out[d] = OUTSIDE
 
