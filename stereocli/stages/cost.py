@@ -9,6 +9,7 @@ Window costs (SAD, SSD, their zero-mean forms, ZNCC, BT) are computed as a
 per-pixel volume, then box-summed with running sums, so their time does not grow
 with the window.
 """
+import functools
 import math
 
 import numpy as np
@@ -67,6 +68,7 @@ def census_scale(nbits: int) -> np.ndarray:
     return np.minimum((h * 255 + nbits // 2) // nbits, 255).astype(np.uint8)
 
 
+@functools.lru_cache(maxsize=None)  # (one search per census size, not one per match)
 def census_scale_magic(nbits: int) -> tuple[np.uint32, np.uint32, np.uint32]:
     """(mul, add, shift) such that min((h * mul + add) >> shift, 255), in uint32, is
     census_scale(nbits)[h] for every h in 0..64: the CPU's census volume computes its
