@@ -42,7 +42,7 @@ class TimedCpu(CpuBackend):
         if aggregate.vertical_by_lines(vol):
             for dx in dxs:
                 self._timed(f"sgm_lines_dx{dx}", aggregate.sgm_vertical_lines_cpu, vol, guide, np.int32(p1),
-                            p2tab, S, dx, 16)
+                            p2tab, S, dx, aggregate.LINES_PER_TASK, numba.get_num_threads())
         else:
             self._timed("sgm_vertical", aggregate.sgm_vertical_cpu, vol, guide, np.int32(p1), p2tab, S,
                         np.array(dxs, np.int64))

@@ -289,41 +289,48 @@ def sgm_vertical_cpu(C, guide, p1, p2tab, S, dxs):
 
 
 @njit(parallel=True, cache=CACHE)
-def sgm_vertical_lines_cpu(C, guide, p1, p2tab, S, dx, per_task):
+def sgm_vertical_lines_cpu(C, guide, p1, p2tab, S, dx, per_task, threads):
     """S += L(dx, 1) + L(-dx, -1): the same sums as sgm_vertical_cpu gives for one dx,
     with the lines of that direction (x - dx*y constant) in blocks of `per_task`
     neighbouring lines, each block a task that sweeps down and then up the rows: one
     fork for the whole image instead of one per row (with many threads a row's work
     is too small to pay for a fork). Each pixel of a block's row comes from the same
     line's previous row, so the blocks are independent; a row of a block is a run of
-    neighbouring pixels, so memory is still read in rows."""
+    neighbouring pixels, so memory is still read in rows. Thread k takes blocks k,
+    k + T, k + 2T, ... (T threads): a prange gives each thread a run of neighbouring
+    iterations, and a diagonal direction's lines grow from one pixel at the image's
+    corners to a full column in the middle, so runs of blocks would load the threads
+    given the middle about twice as much as the average. (`threads`: T, from the caller:
+    numba.get_num_threads() in here would keep the function out of the cache.)"""
     h, w, n = C.shape
     u0 = -dx * (h - 1) if dx > 0 else 0  # line u = x - dx*y, over all pixels
     u1 = w - 1 - dx * (h - 1) if dx < 0 else w - 1
     tasks = (u1 - u0 + per_task) // per_task
     p1 = np.uint16(p1)
-    for t in prange(tasks):
-        a = u0 + t * per_task
-        b = min(a + per_task, u1 + 1)
-        buf = np.full((2 * (b - a), n + 2), EDGE, np.uint16)  # row 2k + parity: line a + k's L
-        mins = np.zeros(2 * (b - a), np.uint16)
-        for sweep in range(2):
-            dy = 1 if sweep == 0 else -1
-            for i in range(h):
-                y = i if sweep == 0 else h - 1 - i
-                dst = i & 1
-                src = 1 - dst
-                for u in range(a, b):
-                    x = u + dx * y
-                    if x < 0 or x >= w:
-                        continue
-                    k = 2 * (u - a)
-                    px = x - dx * dy  # the previous pixel of the path, in row y - dy
-                    if i == 0 or px < 0 or px >= w:  # the first pixel of its line: L = C
-                        mins[k + dst] = _start(C, S, y, x, buf, k + dst, False)
-                    else:
-                        p2e = np.uint16(p2tab[abs(np.int32(guide[y, x]) - np.int32(guide[y - dy, px]))])
-                        mins[k + dst] = _step(C, S, y, x, buf, k + src, k + dst, mins[k + src], p1, p2e, False)
+    T = max(1, min(threads, tasks))
+    for k in prange(T):
+        for t in range(k, tasks, T):
+            a = u0 + t * per_task
+            b = min(a + per_task, u1 + 1)
+            buf = np.full((2 * (b - a), n + 2), EDGE, np.uint16)  # row 2k + parity: line a + k's L
+            mins = np.zeros(2 * (b - a), np.uint16)
+            for sweep in range(2):
+                dy = 1 if sweep == 0 else -1
+                for i in range(h):
+                    y = i if sweep == 0 else h - 1 - i
+                    dst = i & 1
+                    src = 1 - dst
+                    for u in range(a, b):
+                        x = u + dx * y
+                        if x < 0 or x >= w:
+                            continue
+                        j = 2 * (u - a)
+                        px = x - dx * dy  # the previous pixel of the path, in row y - dy
+                        if i == 0 or px < 0 or px >= w:  # the first pixel of its line: L = C
+                            mins[j + dst] = _start(C, S, y, x, buf, j + dst, False)
+                        else:
+                            p2e = np.uint16(p2tab[abs(np.int32(guide[y, x]) - np.int32(guide[y - dy, px]))])
+                            mins[j + dst] = _step(C, S, y, x, buf, j + src, j + dst, mins[j + src], p1, p2e, False)
 
 
 # Which vertical sweeps: the raster passes (one fork per row) touch the volumes twice; by
@@ -333,6 +340,7 @@ def sgm_vertical_lines_cpu(C, guide, p1, p2tab, S, dx, per_task):
 # 59 ms by raster against 64-69 by lines (memory-bound there); one thread, and two on
 # the 2-core machine, favour the raster passes. Both give the same sums.
 LINES_MIN_THREADS = 4
+LINES_PER_TASK = 16  # (8 and 13 at 450x375 and 16 threads: dx = 0 1.6 ms instead of 0.9)
 LINES_MAX_CELLS = 1 << 25  # W*H*D
 
 
@@ -353,7 +361,7 @@ def sgm_cpu(C, guide, p1, p2, adaptive, paths, by_lines=None, out=None):
         dxs = [0] if paths == 4 else [0, 1, -1]
         if vertical_by_lines(C) if by_lines is None else by_lines:
             for dx in dxs:
-                sgm_vertical_lines_cpu(C, guide, np.int32(p1), p2tab, S, dx, 16)
+                sgm_vertical_lines_cpu(C, guide, np.int32(p1), p2tab, S, dx, LINES_PER_TASK, numba.get_num_threads())
         else:
             sgm_vertical_cpu(C, guide, np.int32(p1), p2tab, S, np.array(dxs, np.int64))
         return S

@@ -261,13 +261,19 @@ def speckle_sizes_cpu(disp, max_diff):
     """For every pixel, the size of its 4-connected region of valid pixels whose
     neighbours differ by at most max_diff (0 for an invalid pixel) -> int32 HxW.
     Bands of rows are flood-filled in parallel, each region labelled by the index of
-    its first pixel; regions that meet across a band's edge are then joined (union-find
-    over the labels on the bands' edge rows only, so the serial part grows with the
-    width, not the area) and their sizes added: the same regions as one flood fill."""
+    its first pixel, and each band lists the labels on its first and last rows; regions
+    that meet across a band's edge are then joined (union-find over those labels only,
+    so the serial part grows with the width, not the area) and their sizes added: the
+    same regions as one flood fill."""
     h, w = disp.shape
     labels = np.empty(h * w, np.int32)  # -1 until labelled (each band clears its rows)
-    sizes = np.empty(h * w, np.int32)  # by label: pixels within its band
+    sizes = np.empty(h * w, np.int32)  # by label: pixels within its band, then in all
     bands = min(SPECKLE_BANDS, h)
+    seen = np.empty(h * w, np.bool_)  # by label: listed already (each band clears its own)
+    parent = np.empty(h * w, np.int32)  # union-find, used at the listed labels only
+    total = np.empty(h * w, np.int32)
+    edge = np.empty((bands, 2 * w), np.int32)  # band b's labels on its first and last rows
+    n_edge = np.zeros(bands, np.int64)
     for b in prange(bands):
         y_lo = b * h // bands
         y_hi = (b + 1) * h // bands
@@ -297,41 +303,44 @@ def speckle_sizes_cpu(disp, max_diff):
                             stack[top] = yy * w + xx
                             top += 1
                 sizes[p0] = size
-    # the labels on the edge rows (a band's first row and the row above it), each once
-    seen = np.zeros(h * w, np.bool_)
-    edge = np.empty(2 * (bands - 1) * w, np.int32)
-    ne = 0
-    for b in range(1, bands):
-        y = b * h // bands
-        for q in range((y - 1) * w, (y + 1) * w):
-            lab = labels[q]
-            if lab >= 0 and not seen[lab]:
-                seen[lab] = True
-                edge[ne] = lab
-                ne += 1
-    parent = np.empty(h * w, np.int32)  # union-find, used at the edge labels only
-    total = np.empty(h * w, np.int32)
-    for i in range(ne):
-        parent[edge[i]] = edge[i]
-        total[edge[i]] = 0
-    for b in range(1, bands):
+        seen[y_lo * w:y_hi * w] = False  # (a band's labels are indices of its own pixels)
+        ne = 0
+        for y in (y_lo, y_hi - 1):
+            for q in range(y * w, (y + 1) * w):
+                lab = labels[q]
+                if lab >= 0 and not seen[lab]:
+                    seen[lab] = True
+                    edge[b, ne] = lab
+                    parent[lab] = lab
+                    total[lab] = 0
+                    ne += 1
+        n_edge[b] = ne
+    for b in range(1, bands):  # (serial: a region can cross many bands)
         y = b * h // bands  # the band's first row, below the previous band's last
+        la = lb = -1
         for x in range(w):
             if _joined(disp, y - 1, x, y, x, max_diff):
-                ra = _root(parent, labels[(y - 1) * w + x])
-                rb = _root(parent, labels[y * w + x])
-                if ra != rb:
-                    parent[max(ra, rb)] = min(ra, rb)
-    for i in range(ne):
-        total[_root(parent, edge[i])] += sizes[edge[i]]
-    for i in range(ne):  # each joined label's region size (the others' is their band's)
-        sizes[edge[i]] = total[_root(parent, edge[i])]
-    out = np.zeros((h, w), np.int32)
+                a, c = labels[(y - 1) * w + x], labels[y * w + x]
+                if a != la or c != lb:  # (along a run of the same two labels: once)
+                    la, lb = a, c
+                    ra = _root(parent, a)
+                    rb = _root(parent, c)
+                    if ra != rb:
+                        parent[max(ra, rb)] = min(ra, rb)
+    for b in range(bands):
+        for i in range(n_edge[b]):
+            lab = edge[b, i]
+            r = _root(parent, lab)
+            parent[lab] = r  # (no joins follow: the loop below reads roots without walking)
+            total[r] += sizes[lab]
+    for b in prange(bands):  # each listed label's region size (the others' is their band's)
+        for i in range(n_edge[b]):
+            sizes[edge[b, i]] = total[parent[edge[b, i]]]
+    out = np.empty((h, w), np.int32)
     for y in prange(h):
         for x in range(w):
             lab = labels[y * w + x]
-            if lab >= 0:
-                out[y, x] = sizes[lab]
+            out[y, x] = sizes[lab] if lab >= 0 else 0
     return out
 
 
@@ -500,10 +509,13 @@ def border_slope_cpu(disp):
     fills, slope_fit_at fits a slope where each ends, and slope_apply_at continues the
     run along the median of the fits nearby. The GPU runs the same three functions."""
     h, w = disp.shape
-    out = disp.copy()
-    slopes = np.full((h, w), np.nan, np.float32)
-    first = np.full((h, w), -1, np.int32)
-    for y in prange(h):
+    out = np.empty_like(disp)
+    slopes = np.empty((h, w), np.float32)
+    first = np.empty((h, w), np.int32)
+    for y in prange(h):  # (the arrays are filled here, a row per task, not by one thread first)
+        out[y] = disp[y]
+        slopes[y] = np.nan
+        first[y] = -1
         for e in range(1, w):
             if disp[y, e] == disp[y, e] and disp[y, e - 1] != disp[y, e - 1]:  # (slope_run_start's first test)
                 x0 = slope_run_start(disp, y, e)
@@ -656,7 +668,7 @@ def weighted_median_cpu(disp, guide, nc, lut, r):
                 lo[y, x] = min(lo[y, x], a[x + i])
                 hi[y, x] = max(hi[y, x], b[x + i])
     span = max(0, fmax.max() - fmin.min())  # bins lie in [-span, span]
-    out = disp.copy()
+    out = np.empty_like(disp)  # (each row copied by its task below, not by one thread here)
     order = np.empty(h, np.int64)  # rows interleaved 8 apart: a thread's share of rows spreads
     t = 0                          # over the image, and so do the depth edges (the work)
     for s in range(8):
@@ -668,6 +680,7 @@ def weighted_median_cpu(disp, guide, nc, lut, r):
     G = guide.ravel()
     for q in prange(h):
         y = order[q]
+        out[y] = disp[y]
         bins = np.empty(WMF_MAX_SAMPLES, np.int32)  # the samples' bins, to clear the histograms
         hist = np.zeros(2 * span + 1, np.int32)
         histd = np.zeros(2 * span + 1, np.float64)
