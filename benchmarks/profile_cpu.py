@@ -44,8 +44,11 @@ class TimedCpu(CpuBackend):
                 self._timed(f"sgm_lines_dx{dx}", aggregate.sgm_vertical_lines_cpu, vol, guide, np.int32(p1),
                             p2tab, S, dx, aggregate.LINES_PER_TASK, numba.get_num_threads())
         else:
-            self._timed("sgm_vertical", aggregate.sgm_vertical_cpu, vol, guide, np.int32(p1), p2tab, S,
-                        np.array(dxs, np.int64))
+            if paths == 8:
+                self._timed("sgm_vertical", aggregate.sgm_vertical3_cpu, vol, guide, np.int32(p1), p2tab, S)
+            else:
+                self._timed("sgm_vertical", aggregate.sgm_vertical_cpu, vol, guide, np.int32(p1), p2tab, S,
+                            np.array(dxs, np.int64))
         return S
 
     def speckle(self, disp, max_size, max_diff):
