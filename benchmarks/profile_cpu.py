@@ -42,7 +42,9 @@ class TimedCpu(CpuBackend):
         if aggregate.vertical_by_lines(vol):
             for dx in dxs:
                 self._timed(f"sgm_lines_dx{dx}", aggregate.sgm_vertical_lines_cpu, vol, guide, np.int32(p1),
-                            p2tab, S, dx, aggregate.LINES_PER_TASK, numba.get_num_threads())
+                            p2tab, S, dx,
+                            aggregate.lines_per_task(*vol.shape[:2], dx, numba.get_num_threads()),
+                            numba.get_num_threads())
         else:
             if paths == 8:
                 self._timed("sgm_vertical", aggregate.sgm_vertical3_cpu, vol, guide, np.int32(p1), p2tab, S)

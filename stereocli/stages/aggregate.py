@@ -414,7 +414,16 @@ def sgm_vertical_lines_cpu(C, guide, p1, p2tab, S, dx, per_task, threads):
 # 59 ms by raster against 64-69 by lines (memory-bound there); one thread, and two on
 # the 2-core machine, favour the raster passes. Both give the same sums.
 LINES_MIN_THREADS = 4
-LINES_PER_TASK = 16  # (8 and 13 at 450x375 and 16 threads: dx = 0 1.6 ms instead of 0.9)
+# Lines per block of sgm_vertical_lines_cpu: on the H100 machine's host, 16 threads,
+# 450x375x64, one direction's pass: 8 lines 1.15 ms, 16 0.79-0.86, 24 0.75-0.87, 32
+# 0.69-0.73, 48 0.87-1.12, 64 1.45 (741x500: 24-32 best too). Fewer where the blocks
+# would not give every thread one.
+LINES_PER_TASK = 32
+
+
+def lines_per_task(h, w, dx, threads) -> int:
+    lines = w + abs(dx) * (h - 1)
+    return min(LINES_PER_TASK, max(8, -(-lines // threads)))
 LINES_MAX_CELLS = 1 << 25  # W*H*D
 
 
@@ -435,7 +444,9 @@ def sgm_cpu(C, guide, p1, p2, adaptive, paths, by_lines=None, out=None):
         dxs = [0] if paths == 4 else [0, 1, -1]
         if vertical_by_lines(C) if by_lines is None else by_lines:
             for dx in dxs:
-                sgm_vertical_lines_cpu(C, guide, np.int32(p1), p2tab, S, dx, LINES_PER_TASK, numba.get_num_threads())
+                threads = numba.get_num_threads()
+                sgm_vertical_lines_cpu(C, guide, np.int32(p1), p2tab, S, dx, lines_per_task(h, w, dx, threads),
+                                       threads)
         else:
             if paths == 8:
                 sgm_vertical3_cpu(C, guide, np.int32(p1), p2tab, S)
