@@ -22,9 +22,22 @@ from . import refine as kref
 from . import select as ksel
 from .launch import Launcher
 
+_cu = None  # cuda.bindings' driver module, for the calls made without Numba's wrappers
 if not kc.SIM:  # the simulator has no DeviceNDArray (and no pool)
     from numba.cuda.cudadrv import driver as _driver
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+    try:
+        from cuda.bindings import driver as _cu
+    except ImportError:  # an older numba-cuda: Numba's event calls
+        _cu = None
+
+
+def _check(returned, what):
+    """The result of a cuda.bindings driver call: raise as Numba's wrapper would on an error."""
+    if returned[0] != _cu.CUresult.CUDA_SUCCESS:
+        raise _driver.CudaAPIError(returned[0], f"Call to {what} results in {returned[0].name}")
+    return returned[1] if len(returned) > 1 else None
 
 
 class _Handle:
@@ -145,6 +158,7 @@ class CudaBackend:
         self._like = {}  # (shape, dtype) -> attributes of a pooled array of that shape (_empty)
         if not kc.SIM and not _POOL.limit:
             _POOL.limit = cuda.current_context().get_memory_info()[1] // 2
+        self._hstream = None if kc.SIM else _driver._stream_handle(self.stream)  # (the driver's handle)
 
     def describe(self) -> str:
         return dict(gpu_summary()).get("gpu", "CUDA GPU")
@@ -152,7 +166,8 @@ class CudaBackend:
     # ------------------------------------------------------------ memory
     def _empty(self, shape, dtype):
         """An uninitialised device array, from the pool when one of this shape is free."""
-        shape = tuple(int(v) for v in np.atleast_1d(shape))
+        if type(shape) is not tuple or not all(type(v) is int for v in shape):
+            shape = tuple(int(v) for v in np.atleast_1d(shape))
         dtype = np.dtype(dtype)
         if kc.SIM:
             return self._allocate(shape, dtype)
@@ -206,7 +221,7 @@ class CudaBackend:
             out.copy_to_device(a, stream=self.stream)
             return out
         if a.nbytes > self.STAGING_MAX_BYTES:
-            _driver.host_to_device(out, a, a.nbytes, stream=self.stream)
+            self._h2d(out, a, a.nbytes)
             return out
         k = self._staged = (self._staged + 1) % self.STAGING_SLOTS
         buf, done = self._staging[k]
@@ -216,7 +231,7 @@ class CudaBackend:
             buf = cuda.pinned_array(max(a.nbytes, 1 << 20), np.uint8)
         host = buf[:a.nbytes].view(a.dtype).reshape(a.shape)
         np.copyto(host, a)
-        _driver.host_to_device(out, host, a.nbytes, stream=self.stream)
+        self._h2d(out, host, a.nbytes)
         done = done or self._event()
         done.record(self.stream)
         self._staging[k] = (buf, done)
@@ -264,13 +279,13 @@ class CudaBackend:
                 self._download_buf = None  # (freed before the larger one is pinned)
                 self._download_buf = cuda.pinned_array(nbytes, np.uint8)
             staged = self._download_buf[:nbytes].view(a.dtype).reshape(a.shape)
-            _driver.device_to_host(staged, a, nbytes, stream=self.stream)
-            self.stream.synchronize()
+            self._d2h(staged, a, nbytes)
+            self.synchronize()
             np.copyto(host, staged)
         else:
             if nbytes:
-                _driver.device_to_host(host, a, nbytes, stream=self.stream)
-            self.stream.synchronize()
+                self._d2h(host, a, nbytes)
+            self.synchronize()
         if out is not None and host is not out:
             np.copyto(out, host)
             return out
@@ -280,7 +295,27 @@ class CudaBackend:
         pass  # device buffers go back to the pool when the last array over them is garbage
 
     def synchronize(self):
-        self.stream.synchronize()
+        if _cu is None:
+            self.stream.synchronize()
+        else:
+            _check(_cu.cuStreamSynchronize(self._hstream), "cuStreamSynchronize")
+
+    # Copies on the stream by the driver's calls themselves (C-contiguous arrays): Numba's
+    # host_to_device and device_to_host look the stream up and wrap the call, several
+    # times the call's own cost at the sizes of a match's images.
+    def _h2d(self, dst, src, nbytes):
+        if _cu is None:
+            _driver.host_to_device(dst, src, nbytes, stream=self.stream)
+        else:
+            _check(_cu.cuMemcpyHtoDAsync(dst.device_ctypes_pointer.value, src.ctypes.data, nbytes, self._hstream),
+                   "cuMemcpyHtoDAsync")
+
+    def _d2h(self, dst, src, nbytes):
+        if _cu is None:
+            _driver.device_to_host(dst, src, nbytes, stream=self.stream)
+        else:
+            _check(_cu.cuMemcpyDtoHAsync(dst.ctypes.data, src.device_ctypes_pointer.value, nbytes, self._hstream),
+                   "cuMemcpyDtoHAsync")
 
     def mark(self):
         """A CUDA event recorded on the stream (the simulator: the host clock, after a sync)."""
@@ -288,7 +323,10 @@ class CudaBackend:
             self.stream.synchronize()
             return time.perf_counter()
         e = self._events.pop() if self._events else cuda.event(timing=True)
-        e.record(self.stream)
+        if _cu is None:
+            e.record(self.stream)
+        else:  # (the driver's call itself: Numba's wrapper and stream lookup cost more than it)
+            _check(_cu.cuEventRecord(e.handle, self._hstream), "cuEventRecord")
         return e
 
     def recycle_marks(self, marks):
@@ -300,8 +338,11 @@ class CudaBackend:
     def elapsed_ms(self, start, end):
         if kc.SIM:
             return (end - start) * 1e3
-        end.synchronize()
-        return cuda.event_elapsed_time(start, end)
+        if _cu is None:
+            end.synchronize()
+            return cuda.event_elapsed_time(start, end)
+        _check(_cu.cuEventSynchronize(end.handle), "cuEventSynchronize")
+        return _check(_cu.cuEventElapsedTime(start.handle, end.handle), "cuEventElapsedTime")
 
     def free_memory(self):
         free, _ = cuda.current_context().get_memory_info()

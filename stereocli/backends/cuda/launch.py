@@ -22,7 +22,6 @@ if not kc.SIM:
     from numba.cuda.cudadrv import driver
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
     import numpy as np
-    from numba.np import numpy_support
 
     try:
         from cuda.core import LaunchConfig
@@ -30,18 +29,16 @@ if not kc.SIM:
     except ImportError:  # an older numba-cuda without cuda.core: Numba's path only
         _core_launch = None
 
-    _TYPES = {}  # (dtype, ndim) -> the Numba type of a C-contiguous device array
-
-    def _array_type(a):
-        """Numba's type of a device array (as its _numba_type_), from a table when it is
-        C-contiguous: building it is the largest part of typing an argument."""
-        if a._dummy.is_c_contig and (a.size == 0 or 0 not in a.strides):
-            key = (a.dtype, a.ndim)
-            t = _TYPES.get(key)
-            if t is None:
-                t = _TYPES[key] = types.Array(numpy_support.from_dtype(a.dtype), a.ndim, "C")
-            return t
-        return a._numba_type_
+    def _arg_key(a):
+        """What a launch's plan depends on for argument `a`: a device array's dtype and
+        number of dimensions when it is C-contiguous (as Numba types it then), else its
+        Numba type; a scalar's Python type. (Numba's types hash in Python: a key of them
+        cost about a tenth of a launch.)"""
+        if isinstance(a, DeviceNDArray):
+            if a._dummy.is_c_contig and (a.size == 0 or 0 not in a.strides):
+                return (a.dtype, a.ndim)
+            return a._numba_type_
+        return type(a)
 
     _SCALARS = (int, float, bool, np.number, np.bool_)
 
@@ -73,7 +70,7 @@ class Launcher:
         if kc.SIM or _core_launch is None:
             kernel[grid, block, stream](*args)
             return
-        key = (kernel, *[_array_type(a) if isinstance(a, DeviceNDArray) else type(a) for a in args])
+        key = (kernel, *[_arg_key(a) for a in args])
         plan = self._plans.get(key, False)
         if not plan:
             kernel[grid, block, stream](*args)  # compiles or loads, and checks the arguments
