@@ -176,6 +176,25 @@ def test_a_process_memory_limit_plans_smaller_strips_and_says_so():
     assert len(strips) > 1 and "free memory" in note and "--max-memory" in note
 
 
+def test_cpu_kept_volumes_are_let_go_before_a_volume_of_another_size_is_made():
+    """A large pair runs in strips of different heights: what the CPU backend keeps of
+    one strip must be freed before the next strip's volumes are made, or the memory
+    peaks at twice what one strip needs (the strips are planned for one)."""
+    import weakref
+
+    from stereocli.backends import cpu
+    bk = cpu.CpuBackend()
+    bk.KEEP_MIN_BYTES = 0
+    left, right = textured_pair(h=30, w=48, shift=3, seed=7)
+    a = bk.census_volume(left, right, 0, 8, 9, 7)
+    kept = weakref.ref(a)
+    bk.recycle(a)
+    del a
+    assert kept() is not None  # held for the next volume of its size
+    bk.census_volume(left[:20], right[:20], 0, 8, 9, 7)
+    assert kept() is None
+
+
 def test_cpu_volumes_given_back_are_used_again_with_the_same_results():
     """The pipeline gives its volumes back after the selection; the CPU backend makes the
     next volumes of that size in them (every element written again, so the results are
