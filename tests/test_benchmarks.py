@@ -25,6 +25,7 @@ pytestmark = pytest.mark.skipif(not SHARED_DATA.exists(), reason="the benchmarks
     ("gpu.py", ["--sim-check"]),  # under Numba's CUDA simulator
     ("profile_kernels.py", ["48", "24", "8", "4", "1"]),  # (the same)
     ("profile_host.py", ["--device", "cpu", "--scene", "tsukuba", "-n", "16", "--runs", "1"]),
+    ("profile_cpu.py", ["--pairs", "tsukuba", "--threads", "1", "--repeat", "1"]),
 ])
 def test_benchmark_runs_and_prints_json_lines(script, args):
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
