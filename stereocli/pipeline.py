@@ -173,7 +173,13 @@ def run(left, right, params: Params, backend: Backend, confidence: bool = False)
     timer = _Timer(backend)
     out = np.empty((h, w), np.float32)
     conf = np.empty((h, w), np.float32) if want_conf else None
+    graph = _graph_key(params, backend, strips, want_conf, bytes_in, gl, gr, guide)
     for y0, y1, k0, k1 in strips:
+        if graph is not None:  # one strip, whole: the backend may replay a graph of the match
+            inputs = [gl, gr] + ([] if guide is None else [guide])
+            backend.run_graph(graph, inputs, out, timer,
+                              lambda t: _run_strip(gl, gr, params, backend, t, False, guide, out))
+            continue
         whole = (y0, y1) == (k0, k1)  # the strip's rows are all kept: its map comes straight into out
         disp, c = _run_strip(gl[y0:y1], gr[y0:y1], params, backend, timer, want_conf,
                              None if guide is None else guide[y0:y1], out[k0:k1] if whole else None)
@@ -189,6 +195,18 @@ def run(left, right, params: Params, backend: Backend, confidence: bool = False)
     ms = timer.read()
     return Result(out, {s: ms[s] for s in STAGES if s in ms}, len(strips), backend.name,
                   [note] if note else [], conf if confidence else None)
+
+
+def _graph_key(params, backend, strips, want_conf, bytes_in, gl, gr, guide):
+    """The key under which the backend may keep a graph of this match (the CUDA
+    backend's run_graph), or None: one whole strip, 8-bit images, no confidence, and the
+    stages whose every input the backend uploads from the arrays it is given (census
+    costs on the images as they are, SGM)."""
+    if not (getattr(backend, "graphs", False) and len(strips) == 1 and not want_conf and bytes_in
+            and params.cost == "census" and params.preprocess == "none" and params.aggregation == "sgm"
+            and (guide is None or guide.dtype == np.uint8)):
+        return None
+    return (gl.shape, gr.shape, None if guide is None else guide.shape, repr(params))
 
 
 WARM_UP_PRESETS = ("default", "fast", "quality")

@@ -359,6 +359,30 @@ def test_a_slice_keeps_its_buffer_from_the_pool():
     np.testing.assert_array_equal(GPU.download(b), -1)
 
 
+@pytest.mark.skipif(not REAL_GPU, reason="graphs are off under the simulator")
+@pytest.mark.parametrize("overrides", [{}, {"weighted_median": 0, "fill": "background"}])
+def test_replayed_graphs_give_each_pair_its_own_map(rng, overrides):
+    """From the second pair of a size on, the backend replays a captured graph of the
+    match: each pair's own images must go in (not those of the capture), and the maps
+    and the stages timed must be those of an ordinary run."""
+    from stereocli.backends.cuda import graphs
+    bk, plain = CudaBackend(), CudaBackend()
+    plain.graphs = False
+    params = config.load("default", None, {"num_disparities": 24, **overrides})
+    scenes = []
+    for shift in (3, 7, 11):
+        left = rng.integers(0, 256, (70, 110, 3)).astype(np.uint8)
+        left = np.repeat(np.repeat(left[::2, ::2], 2, 0), 2, 1)[:70, :110]  # (blobs: some valid matches)
+        scenes.append((left, np.ascontiguousarray(np.roll(left, -shift, axis=1))))
+    for i in (0, 1, 0, 2, 1, 2, 0):
+        got = pipeline.run(*scenes[i], params, bk)
+        want = pipeline.run(*scenes[i], params, plain)
+        np.testing.assert_array_equal(got.disparity, want.disparity)
+        assert got.timings.keys() == want.timings.keys() and all(v >= 0 for v in got.timings.values())
+    assert any(isinstance(g, graphs.Graph) for g in bk._graphs.values())
+    assert not any(isinstance(g, graphs.Graph) for g in plain._graphs.values())
+
+
 def test_non_finite_input_pixels_give_the_same_invalid_map_on_both_devices():
     left, right = textured_pair(h=24, w=36, shift=3, seed=13)
     left[5, 10] = np.nan

@@ -20,6 +20,7 @@ from . import cost as kcost
 from . import preprocess as kpre
 from . import refine as kref
 from . import select as ksel
+from . import graphs
 from .launch import Launcher
 
 _cu = None  # cuda.bindings' driver module, for the calls made without Numba's wrappers
@@ -156,9 +157,13 @@ class CudaBackend:
         self._staged = 0  # the slot used last
         self._download_buf = None  # pinned, grown to the largest download
         self._like = {}  # (shape, dtype) -> attributes of a pooled array of that shape (_empty)
+        self._graphs = {}  # key -> graphs.Graph, or "seen" (run once), or None (not captured)
+        self._graph_events = set()  # ids of the events kept by graphs (never recycled)
+        self._cap = None  # the graphs.Capture under way
         if not kc.SIM and not _POOL.limit:
             _POOL.limit = cuda.current_context().get_memory_info()[1] // 2
         self._hstream = None if kc.SIM else _driver._stream_handle(self.stream)  # (the driver's handle)
+        self.graphs = not kc.SIM and _cu is not None and graphs.enabled()  # (run_graph replays matches)
 
     def describe(self) -> str:
         return dict(gpu_summary()).get("gpu", "CUDA GPU")
@@ -189,6 +194,8 @@ class CudaBackend:
         vars(arr).update(like)
         arr.gpu_data = handle
         _LIVE[weakref.ref(handle, _give_back)] = (self._pool, key, mem)
+        if self._cap is not None:  # the graph uses it as long as the graph is kept
+            self._cap.keep.append(arr)
         return arr
 
     def _allocate(self, shape, dtype):
@@ -213,12 +220,18 @@ class CudaBackend:
         middle of a match waited for every kernel before it); from pinned memory it is
         only queued. The copy is the driver's call itself: Numba's copy_to_device first
         checks both arrays' layouts through views of them, about 0.1 ms."""
-        a = np.ascontiguousarray(a)
+        source, a = a, np.ascontiguousarray(a)
         out = self._empty(a.shape, a.dtype)
         if a.nbytes == 0:
             return out
         if kc.SIM:
             out.copy_to_device(a, stream=self.stream)
+            return out
+        if self._cap is not None:  # a pinned buffer of the graph's own, refilled before each replay
+            pinned = cuda.pinned_array(a.shape, a.dtype)
+            np.copyto(pinned, a)
+            self._h2d(out, pinned, a.nbytes)
+            self._cap.uploaded(source, pinned)
             return out
         if a.nbytes > self.STAGING_MAX_BYTES:
             self._h2d(out, a, a.nbytes)
@@ -262,6 +275,12 @@ class CudaBackend:
         nothing (1.47 ms against 0.86-1.56: the copy out of the buffer costs as much)."""
         if isinstance(a, PathVolumes):
             a = self.sum_paths(a)
+        if self._cap is not None and out is not None and a._dummy.is_c_contig:
+            pinned = cuda.pinned_array(a.shape, a.dtype)  # (copied into `out` after each replay)
+            self._d2h(pinned, a, pinned.nbytes)
+            self._cap.out_view = pinned
+            self._cap.keep.append(pinned)
+            return out
         if kc.SIM or not a._dummy.is_c_contig:
             host = a.copy_to_host(stream=self.stream)
             self.stream.synchronize()
@@ -295,6 +314,8 @@ class CudaBackend:
         pass  # device buffers go back to the pool when the last array over them is garbage
 
     def synchronize(self):
+        if self._cap is not None:
+            return  # (a capture records work; nothing runs until the graph is launched)
         if _cu is None:
             self.stream.synchronize()
         else:
@@ -323,7 +344,13 @@ class CudaBackend:
             self.stream.synchronize()
             return time.perf_counter()
         e = self._events.pop() if self._events else cuda.event(timing=True)
-        if _cu is None:
+        if self._cap is not None:  # an event node that records when the graph runs
+            _check(_cu.cuEventRecordWithFlags(e.handle, self._hstream,
+                                              _cu.CUevent_record_flags.CU_EVENT_RECORD_EXTERNAL),
+                   "cuEventRecordWithFlags")
+            self._cap.keep.append(e)
+            self._graph_events.add(id(e))
+        elif _cu is None:
             e.record(self.stream)
         else:  # (the driver's call itself: Numba's wrapper and stream lookup cost more than it)
             _check(_cu.cuEventRecord(e.handle, self._hstream), "cuEventRecord")
@@ -333,7 +360,76 @@ class CudaBackend:
         """Events whose times were read go back to a free list: creating one costs
         about as much as launching a kernel, and a run leaves one after every stage."""
         if not kc.SIM:
-            self._events.extend(marks)
+            self._events.extend(m for m in marks if id(m) not in self._graph_events)
+
+    # ------------------------------------------------------------ graphs
+    def run_graph(self, key, inputs, out, timer, body):
+        """body(timer): one strip of a match (uploading the host arrays `inputs`, each as
+        passed here, and downloading its map into `out`), run as usual the first time
+        `key` is seen, then captured as a CUDA graph and from then on replayed with the
+        new inputs (graphs.py). The stage times go to `timer` either way."""
+        entry = self._graphs.get(key, False)
+        if entry is False or entry is None:  # the first time (or a key that could not be captured)
+            if entry is False:
+                if len(self._graphs) > 256:  # (a stream of many sizes: forget those only seen)
+                    self._graphs = {k: g for k, g in self._graphs.items() if isinstance(g, graphs.Graph)}
+                self._graphs[key] = "seen"
+            body(timer)
+            return
+        if isinstance(entry, graphs.Graph):
+            self._graphs[key] = self._graphs.pop(key)  # (the most recently used last)
+            for view, a in zip(entry.views, inputs):
+                np.copyto(view, a)
+            self.recycle_marks([m for _, m in timer.marks])
+            timer.marks = list(entry.marks)
+        else:
+            entry = self._capture(key, inputs, timer, body)
+            if entry is None:
+                body(timer)
+                return
+        _check(_cu.cuGraphLaunch(entry.exec, self._hstream), "cuGraphLaunch")
+        self.synchronize()
+        np.copyto(out, entry.out_view)
+
+    def _capture(self, key, inputs, timer, body):
+        """body(timer) captured as key's graph (not yet launched; timer's marks are its
+        events), or None when the capture fails (the key is then never captured again;
+        timer is as it was)."""
+        cap = graphs.Capture(inputs)
+        before = list(timer.marks)
+        _check(_cu.cuStreamBeginCapture(self._hstream, _cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED),
+               "cuStreamBeginCapture")
+        self._cap = cap
+        failed = False
+        try:
+            timer.marks = [(None, self.mark())]  # (the start of the match, in the graph)
+            body(timer)
+        except Exception:  # (body runs again as usual, and raises there if it must)
+            failed = True
+        finally:
+            self._cap = None
+            err, graph = _cu.cuStreamEndCapture(self._hstream)
+        marks = list(timer.marks)
+        exec_ = None
+        if not failed and err == _cu.CUresult.CUDA_SUCCESS and cap.complete():
+            err, exec_ = _cu.cuGraphInstantiate(graph, 0)
+        if exec_ is None or err != _cu.CUresult.CUDA_SUCCESS:
+            if graph is not None and int(graph) != 0:
+                _cu.cuGraphDestroy(graph)
+            for _, m in marks:
+                self._graph_events.discard(id(m))
+            timer.marks = before
+            self._graphs[key] = None
+            return None
+        self.recycle_marks([m for _, m in before])
+        entry = self._graphs[key] = graphs.Graph(_cu, graph, exec_, cap, marks)
+        kept = [k for k, g in self._graphs.items() if isinstance(g, graphs.Graph)]
+        for old in kept[:max(0, len(kept) - graphs.GRAPHS_KEPT)]:  # the least recently used go
+            gone = self._graphs.pop(old)
+            for _, m in gone.marks:
+                self._graph_events.discard(id(m))
+            gone.destroy()
+        return entry
 
     def elapsed_ms(self, start, end):
         if kc.SIM:
