@@ -46,6 +46,8 @@ def get_backend(device: str = "auto", warn=None):
     if device not in ("auto", "cpu", "cuda"):
         raise StereoError(f"--device must be auto, cpu or cuda, not {device!r}")
     if device in ("auto", "cuda"):
+        if _CUDA and (device == "cuda" or not _simulator()):  # (made once: no driver probe per call)
+            return _CUDA[0]
         if not _surely_no_gpu():
             _prepare_cuda_compiler()
         ok, why = cuda_status()
