@@ -264,8 +264,8 @@ def _line_row(parity, q, k, x, nd, w):
 def _row_pixel3(C, guide, p1, p2tab, S, lines, mins, src, dst, q, first, y, x, dy, zero):
     """_row_pixel for dxs = (0, 1, -1), the three directions in one loop over d: the
     costs read and S updated once for all three (the 8-path vertical sweeps of a
-    450x375x64 volume on the 2-core machine: 9.0-9.2 -> 7.5-7.7 ms on one thread,
-    4.8-5.2 -> 3.8-3.9 on two). A path's first pixel takes its update from row `zero` of
+    450x375x64 volume on the 2-core machine: 9.0-9.2 -> 7.5-8.1 ms on one thread,
+    4.8-5.2 -> 3.8-4.1 on two). A path's first pixel takes its update from row `zero` of
     lines with minimum 0 and P2 0: C + min(..., 0 + 0) - 0 = C, what _start gives,
     whatever the row holds."""
     w = C.shape[1]

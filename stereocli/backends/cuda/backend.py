@@ -692,9 +692,9 @@ class CudaBackend:
         out_r = self._empty((h, w), np.float32) if right else out
         out_c = self._empty((h, w), np.float32) if confidence else out
         grid = ((w + ksel.SELECT_SEGMENT - 1) // ksel.SELECT_SEGMENT, h)
-        self._launch(
-            ksel.select_kernel_for(vec, n), grid, kc.SGM_LANES * ksel.SELECT_WARPS, V, V.shape[0], w, n, shift, min_d, np.float32(uniqueness), bool(subpixel), bool(right),
-            bool(confidence), out, out_r, out_c)
+        self._launch(ksel.select_kernel_for(vec, n), grid, kc.SGM_LANES * ksel.SELECT_WARPS,
+                     V, V.shape[0], w, n, shift, min_d, np.float32(uniqueness), bool(subpixel), bool(right),
+                     bool(confidence), out, out_r, out_c)
         return out, (out_r if right else None), (out_c if confidence else None)
 
     # ------------------------------------------------------------ refinement
