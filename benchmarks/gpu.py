@@ -1,5 +1,7 @@
 """GPU benchmark: per-stage kernel time with device-resident input (CUDA events, warm,
-best of N) for census 9x7 + SGM + WTA + LR check, and the end-to-end time of
+best of N, the stream held while Python launches a round so that the kernels run back
+to back; `kernel_total_with_launch_gaps_ms` is the same without the hold) for census
+9x7 + SGM + WTA + LR check, and the end-to-end time of
 stereocli.match with host arrays (default preset otherwise). One JSON line per
 configuration; the first line reports the cold (compile or cache load) time.
 
@@ -8,10 +10,12 @@ configuration; the first line reports the cold (compile or cache load) time.
 --preset changes the end-to-end pipeline only (the kernel times are always the
 default's census + SGM + WTA + LR check, the figures libSGM is compared with).
 
-Tuning knobs (see stereocli/backends/cuda/aggregate.py and select.py): STEREOCLI_SGM_K=4|8|16 forces the disparities per lane
-of the SGM kernel, STEREOCLI_SGM_REGS and STEREOCLI_SELECT_REGS the register caps of the
-SGM and selection kernels (0: the compiler's choice), STEREOCLI_SGM_SUM=volumes one path
-volume per direction instead of atomic adds into one sum. Give each setting its own
+Tuning knobs (see stereocli/backends/cuda/aggregate.py and select.py):
+STEREOCLI_SGM_K=4|8|16 forces the disparities per lane of the SGM kernel,
+STEREOCLI_SGM_PREFETCH=1|2|3 how many pixels ahead its walks load, STEREOCLI_SGM_REGS
+and STEREOCLI_SELECT_REGS the register caps of the SGM and selection kernels (0: the
+compiler's choice), STEREOCLI_SGM_SUM=volumes one path volume per direction instead
+of atomic adds into one sum. Give each setting its own
 NUMBA_CACHE_DIR: the kernel cache does not key on the register cap.
 """
 import argparse
@@ -63,8 +67,31 @@ def pair(w, h):
             cv2.resize(right, (w, h), interpolation=cv2.INTER_CUBIC))
 
 
-def kernel_times(bk, left, right, ndisp, paths, repeat):
+HOLD_MS = 20  # how long the stream is held before each timed round (far longer than its launches take)
+
+
+def _hold_kernel():
     from numba import cuda
+
+    @cuda.jit
+    def hold(us):
+        """Keeps the stream busy for about `us` microseconds."""
+        if cuda.threadIdx.x == 0:
+            for _ in range(us):
+                cuda.nanosleep(1000)
+    return hold
+
+
+def kernel_times(bk, left, right, ndisp, paths, repeat, hold=True):
+    """{stage: ms, "total": ms}: the best of `repeat` rounds, each timed by CUDA events
+    between the stages. `hold`: a kernel keeps the stream busy while Python launches the
+    round, so the events time the kernels alone, back to back (as libSGM's C++ launches
+    them); without it they also time the gaps in which the GPU waits for the next launch
+    (0.1-0.3 ms a round at the smaller sizes). A round whose launches outlast the hold
+    is not counted."""
+    from numba import cuda
+    hold = hold and not numba.config.ENABLE_CUDASIM
+    hold_kernel = _hold_kernel() if hold else None
     L, R = bk.upload(left.astype(np.float32)), bk.upload(right.astype(np.float32))
     G = bk.upload(left)
     stages = {}
@@ -75,6 +102,9 @@ def kernel_times(bk, left, right, ndisp, paths, repeat):
         if not numba.config.ENABLE_CUDASIM:  # (the simulator keeps no deferred frees)
             cuda.current_context().deallocations.clear()
         ev = [cuda.event() for _ in range(5)]
+        if hold:
+            hold_kernel[1, 32, bk.stream](HOLD_MS * 1000)
+        t = time.perf_counter()
         ev[0].record(bk.stream)
         vol = bk.census_volume(L, R, 0, ndisp, 9, 7)
         ev[1].record(bk.stream)
@@ -84,8 +114,9 @@ def kernel_times(bk, left, right, ndisp, paths, repeat):
         ev[3].record(bk.stream)
         bk.lr_check(d, d_r, 1.0)
         ev[4].record(bk.stream)
+        launched_in_hold = (time.perf_counter() - t) * 1e3 < 0.8 * HOLD_MS
         ev[4].synchronize()
-        if record:
+        if record and (launched_in_hold or not hold):
             for name, a, b in (("cost", 0, 1), ("aggregate", 1, 2), ("select", 2, 3), ("lr_check", 3, 4)):
                 stages.setdefault(name, []).append(ev[a].elapsed_time(ev[b]))
             stages.setdefault("total", []).append(ev[0].elapsed_time(ev[4]))
@@ -119,6 +150,7 @@ def main():
             continue
         left, right = pair(w, h)
         k = kernel_times(bk, left, right, ndisp, paths, a.repeat)
+        k_launched = kernel_times(bk, left, right, ndisp, paths, a.repeat, hold=False)["total"]
         ends = []
         timings = {}
         for _ in range(max(6, a.repeat // 2)):  # (a pair of a size seen before replays a graph: steady state)
@@ -131,6 +163,7 @@ def main():
             lambda: stereocli.match(left, right, preset=a.preset, device="cuda", num_disparities=ndisp, paths=paths))
         emit(preset=a.preset, width=w, height=h, num_disparities=ndisp, paths=paths,
              kernel_ms={k2: round(v, 3) for k2, v in k.items()},
+             kernel_total_with_launch_gaps_ms=round(k_launched, 3),
              libsgm_ms=libsgm, ratio_vs_libsgm=round(k["total"] / libsgm, 2) if libsgm else None,
              end_to_end_ms=round(min(ends), 2), libsgm_host_ms=libsgm_h2h,
              end_to_end_bound_ms=round(1.5 * libsgm_h2h, 2) if libsgm_h2h else None,

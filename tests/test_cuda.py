@@ -59,8 +59,16 @@ def test_census_volume_tiles_bit_exact(rng, min_d, ndisp):
                                   on_cpu("census_volume", L, R, min_d, ndisp, 9, 7))
 
 
+@pytest.fixture(params=[1, 2, 3], ids=lambda pf: f"prefetch{pf}")
+def prefetch(request, monkeypatch):
+    """The SGM kernel loading 1, 2 or 3 pixels ahead (chosen by size otherwise; lines
+    shorter than that depth included)."""
+    from stereocli.backends.cuda import aggregate as kagg
+    monkeypatch.setattr(kagg, "SGM_PREFETCH", request.param)
+
+
 @pytest.mark.parametrize("paths", [4, 8, 16])
-def test_sgm_bit_exact(rng, paths):
+def test_sgm_bit_exact(rng, paths, prefetch):
     C = rng.integers(0, 256, (7, 9, 8)).astype(np.uint8)
     G = rng.integers(0, 256, (7, 9)).astype(np.uint8)
     np.testing.assert_array_equal(on_gpu("sgm", C, G, 20, 200, True, paths), on_cpu("sgm", C, G, 20, 200, True, paths))
@@ -68,7 +76,7 @@ def test_sgm_bit_exact(rng, paths):
 
 @pytest.mark.skipif(not REAL_GPU, reason="the simulator runs one lane per path line")
 @pytest.mark.parametrize("ndisp,paths", [(13, 8), (64, 8), (96, 4), (130, 8), (256, 16), (300, 8)])
-def test_sgm_bit_exact_for_every_lane_grouping(rng, ndisp, paths):
+def test_sgm_bit_exact_for_every_lane_grouping(rng, ndisp, paths, prefetch):
     """Groups of 1..32 lanes per path line (several lines per warp), vector and scalar
     access (D % 4), up to the CUDA limit of 512 disparities."""
     C = rng.integers(0, 256, (23, 37, ndisp)).astype(np.uint8)

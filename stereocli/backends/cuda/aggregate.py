@@ -1,4 +1,5 @@
 """Aggregation kernels (stages/aggregate.py on the GPU): box aggregation of a uint8 volume, and the SGM path-line kernel."""
+import functools
 import os
 
 from numba import cuda, int32, uint16, uint32, uint64
@@ -66,11 +67,12 @@ def _group_exchange(G):
     return group_min, below, above
 
 
-def _make_sgm_kernel(G, K, vec, atomic):
+def _make_sgm_kernel(G, K, vec, atomic, PF):
     """The SGM line kernel for groups of G lanes, each lane holding K disparities in
     registers (a group covers G * K disparities). `vec`: the cost volume is read as
     uint32 words (4 costs) and the path volume written as uint64 words (4 values),
-    which needs D % 4 == 0 and K % 4 == 0.
+    which needs D % 4 == 0 and K % 4 == 0. PF: how many pixels ahead of a walk its
+    costs and guide values are loaded (SGM_PREFETCH).
 
     The volumes and the guide are flat: a walk keeps the flat index of its pixel and of
     its lane's first word there, and steps them by constant strides (unsigned indices,
@@ -78,20 +80,40 @@ def _make_sgm_kernel(G, K, vec, atomic):
     GROUPS = 1 if SIM else 32 // G  # path lines per warp
     group_min, from_below, from_above = _group_exchange(G)
 
+    K4 = K // 4  # words per lane (vec)
+    KW = K4 if vec else K  # raw words of a lane's costs at one pixel
+
     @cuda.jit(device=True, inline=True)
-    def load(C1, off, nk, c):
-        """The costs of one pixel into c: off is the flat index of this lane's first
-        cost (vec: its first uint32 word) there; nk of its K disparities exist."""
+    def fetch(C1, off, nk, q, i):
+        """Start the loads of one pixel's costs into row i of the queue q, as they are
+        stored (vec: K4 uint32 words of 4 costs, else K costs); off is the flat index of
+        this lane's first word there; nk of its K disparities exist."""
         if vec:
-            for i in range(K // 4):
-                word = C1[uint64(off + i)] if 4 * i < nk else uint32(0)
-                for b in range(4):
-                    c[4 * i + b] = int32((word >> uint32(8 * b)) & uint32(0xFF))
+            for t in range(K4):
+                q[i, t] = C1[uint64(off + t)] if 4 * t < nk else uint32(0)
         else:
             for j in range(K):
-                c[j] = int32(C1[uint64(off + j)]) if j < nk else int32(0)
+                q[i, j] = uint32(C1[uint64(off + j)]) if j < nk else uint32(0)
 
-    K4 = K // 4  # words per lane (vec)
+    @cuda.jit(device=True, inline=True)
+    def take(q, gq, c):
+        """The queue's first pixel: its costs into c (unpacked), the queue moved up a
+        row; returns its guide value."""
+        if vec:
+            for t in range(K4):
+                word = q[0, t]
+                for b in range(4):
+                    c[4 * t + b] = int32((word >> uint32(8 * b)) & uint32(0xFF))
+        else:
+            for j in range(K):
+                c[j] = int32(q[0, j])
+        g = gq[0]
+        for i in range(PF - 1):
+            for t in range(KW):
+                q[i, t] = q[i + 1, t]
+            gq[i] = gq[i + 1]
+        return g
+
     TRANSPOSE = vec and atomic and K4 > 1
     TW = 32 * K4 if TRANSPOSE else 1  # words of a warp's transpose buffer
 
@@ -138,43 +160,43 @@ def _make_sgm_kernel(G, K, vec, atomic):
                             S1[uint64(off + j)] = v[j]
 
     @cuda.jit(device=True, inline=True)
-    def begin(C1, G1, S1, p, pstep, off, stride, length, nk, cur, c, cn, scratch, w, gl, tw, grp, per):
+    def begin(C1, G1, S1, p, pstep, off, stride, length, nk, cur, c, q, gq, scratch, w, gl, tw, grp, per):
         """First pixel of a path (flat index p, lane offset off; the next pixel is at
-        p + pstep, off + stride): L = C there; starts the loads of the next pixel's costs
-        (into cn) and guide value. Returns (min L of the group, guide here, guide at the
-        next pixel)."""
+        p + pstep, off + stride): L = C there; starts the loads of the next PF pixels'
+        costs and guide values into the queue (q, gq). Returns (min L of the group, guide
+        here)."""
         g = int32(0)
-        gn = int32(0)
         if length > 0:
-            g = int32(G1[uint64(p)])
-            load(C1, off, nk, c)
-        if length > 1:
-            gn = int32(G1[uint64(p + pstep)])
-            load(C1, off + stride, nk, cn)
+            fetch(C1, off, nk, q, 0)
+            gq[0] = int32(G1[uint64(p)])
+            g = take(q, gq, c)
+        for i in range(PF):
+            if i + 1 < length:
+                fetch(C1, off + (i + 1) * stride, nk, q, i)
+                gq[i] = int32(G1[uint64(p + (i + 1) * pstep)])
         m = int32(BIG)
         for j in range(K):
             v = c[j] if j < nk else int32(BIG)
             cur[j] = v
             m = min(m, v)
         store(S1, off, nk, cur, length > 0, tw, w, gl, grp, per)
-        return group_min(m, scratch, w, gl), g, gn
+        return group_min(m, scratch, w, gl), g
 
     @cuda.jit(device=True, inline=True)
-    def advance(C1, G1, p1, p2tab, S1, p, pstep, off, stride, s, length, nk, m, gp, g, prev, cur,
-                c, cn, scratch, w, gl, tw, grp, per):
+    def advance(C1, G1, p1, p2tab, S1, p, pstep, off, stride, s, length, nk, m, gp, prev, cur,
+                c, q, gq, scratch, w, gl, tw, grp, per):
         """Step s of a path, at the pixel (p, off): cur = SGM update of prev with the
-        costs loaded a step ago; starts the load of the next pixel's (deeper prefetch
-        measured no faster on an H100). A group past the end of its line computes but
-        loads and stores nothing (the shuffles need every lane of the warp).
-        gp, g: the guide values of the previous and this pixel (loaded a step ahead, like
-        the costs). Returns (min cur of the group, g, the next pixel's guide value)."""
+        costs loaded PF steps ago (the queue q, gq); starts the loads of the pixel PF
+        steps ahead. A group past the end of its line computes but loads and stores
+        nothing (the shuffles need every lane of the warp).
+        gp: the guide value of the previous pixel. Returns (min cur of the group, the
+        guide value here)."""
         for j in range(K):
             prev[j] = cur[j]
-            c[j] = cn[j]
-        gn = int32(0)
-        if s + 1 < length:
-            load(C1, off + stride, nk, cn)
-            gn = int32(G1[uint64(p + pstep)])
+        g = take(q, gq, c)
+        if s + PF < length:
+            fetch(C1, off + PF * stride, nk, q, PF - 1)
+            gq[PF - 1] = int32(G1[uint64(p + PF * pstep)])
         p2e = p2tab[abs(g - gp)]  # penalty2 of every grey step, tabulated by the host
         lo0 = from_below(prev[K - 1], scratch, w, gl)
         hiK = from_above(prev[0], scratch, w, gl)
@@ -187,7 +209,7 @@ def _make_sgm_kernel(G, K, vec, atomic):
             cur[j] = v
             mloc = min(mloc, v)
         store(S1, off, nk, cur, s < length, tw, w, gl, grp, per)
-        return group_min(mloc, scratch, w, gl), g, gn
+        return group_min(mloc, scratch, w, gl), g
 
     @cuda.jit(device=True, inline=True)
     def line_length(y, x, dx, dy, h, wd):
@@ -228,12 +250,14 @@ def _make_sgm_kernel(G, K, vec, atomic):
         cuda.syncthreads()  # before any thread returns
         prev = cuda.local.array(K, int32)  # the walk along r
         cur = cuda.local.array(K, int32)
-        c = cuda.local.array(K, int32)  # costs of this pixel and of the next
-        cn = cuda.local.array(K, int32)
+        c = cuda.local.array(K, int32)  # costs of this pixel
+        qf = cuda.local.array((PF, KW), uint32)  # raw costs and guide values of the next PF pixels
+        gqf = cuda.local.array(PF, int32)
         prev2 = cuda.local.array(K, int32)  # the walk back along -r, interleaved with it
         cur2 = cuda.local.array(K, int32)
         c2 = cuda.local.array(K, int32)
-        cn2 = cuda.local.array(K, int32)
+        qb = cuda.local.array((PF, KW), uint32)
+        gqb = cuda.local.array(PF, int32)
         tid = cuda.threadIdx.x
         if SIM:
             w, gl, grp = 0, tid, 0
@@ -271,18 +295,18 @@ def _make_sgm_kernel(G, K, vec, atomic):
         else:
             Sf, Sb = Sd1[2 * q], Sd1[2 * q + 1]
         # the two walks are independent chains: stepping them together hides each one's latency
-        m, gp, g = begin(C1, G1, Sf, p, pstep, off, stride, length, nk, cur, c, cn, scratch, w, gl, tw, grp, per)
-        m2, gp2, g2 = begin(C1, G1, Sb, pb, -pstep, offb, -stride, length, nk, cur2, c2, cn2, scratch, w, gl, tw, grp,
-                            per)
+        m, gp = begin(C1, G1, Sf, p, pstep, off, stride, length, nk, cur, c, qf, gqf, scratch, w, gl, tw, grp, per)
+        m2, gp2 = begin(C1, G1, Sb, pb, -pstep, offb, -stride, length, nk, cur2, c2, qb, gqb, scratch, w, gl, tw,
+                        grp, per)
         for s in range(1, maxlen):
             p += pstep
             off += stride
             pb -= pstep
             offb -= stride
-            m, gp, g = advance(C1, G1, p1i, p2tab, Sf, p, pstep, off, stride, s, length, nk, m, gp, g,
-                               prev, cur, c, cn, scratch, w, gl, tw, grp, per)
-            m2, gp2, g2 = advance(C1, G1, p1i, p2tab, Sb, pb, -pstep, offb, -stride, s, length, nk, m2, gp2, g2,
-                                  prev2, cur2, c2, cn2, scratch, w, gl, tw, grp, per)
+            m, gp = advance(C1, G1, p1i, p2tab, Sf, p, pstep, off, stride, s, length, nk, m, gp,
+                            prev, cur, c, qf, gqf, scratch, w, gl, tw, grp, per)
+            m2, gp2 = advance(C1, G1, p1i, p2tab, Sb, pb, -pstep, offb, -stride, s, length, nk, m2, gp2,
+                              prev2, cur2, c2, qb, gqb, scratch, w, gl, tw, grp, per)
 
     return sgm_lines_kernel
 
@@ -304,10 +328,23 @@ SGM_REGISTER_CAP = {4: 64}
 # 83 / 148 ms. The sum is read-modify-written by every path: about 40 bytes of DRAM
 # traffic per cell against 24 + 16, and the atomics run at ~2 TB/s.
 SGM_ATOMIC = os.environ.get("STEREOCLI_SGM_SUM", "atomic") == "atomic"
+# The costs (and guide values) of the next PF pixels of a walk are loaded ahead. With
+# few lines the kernel is bound by the latency of each step (under 2.4 warps per
+# scheduler at 741x500, half the stalls waiting on those loads), and PF = 2 hides it;
+# with many lines it is bound by memory traffic and the extra registers cost. H100,
+# kernel ms (gpu.py, PF 1 -> 2): 741x500/64/8 0.70 -> 0.49, 741x500/128/4 0.83 ->
+# 0.58, 1242x375/128/8 1.37 -> 1.11, 1920x1080/128/4 2.95 -> 2.63, but
+# 1920x1080/128/8 4.21 -> 4.42 and no change at 1920x1080/256 or 3840x2160; PF = 3
+# gave what 2 did, and PF = 4 was slower everywhere. So PF = 2 up to
+# SGM_PREFETCH_LINES_PER_SM path lines per SM (1920x1080 with 8 paths has 68 on an
+# H100, with 4 paths 23). STEREOCLI_SGM_PREFETCH=1|2|3 forces a depth.
+SGM_PREFETCH = int(os.environ.get("STEREOCLI_SGM_PREFETCH", "0"))
+SGM_PREFETCH_LINES_PER_SM = 40
 
 
-def sgm_kernel_for(ndisp):
-    """(kernel, G, vec) for D disparities: G lanes per path line, K disparities per lane."""
+def sgm_kernel_for(ndisp, lines=0):
+    """(kernel, G, vec) for D disparities and `lines` path lines: G lanes per path line,
+    K disparities per lane, and the prefetch depth (SGM_PREFETCH)."""
     if SIM:
         G, K = SGM_LANES, SGM_K
     else:
@@ -318,10 +355,16 @@ def sgm_kernel_for(ndisp):
         if G > 32:
             raise ValueError(f"{ndisp} disparities need more than 32 lanes of {K}")
     vec = (not SIM) and ndisp % 4 == 0 and K % 4 == 0
-    key = (G, K, vec, SGM_ATOMIC)
+    pf = SGM_PREFETCH or (2 if lines <= SGM_PREFETCH_LINES_PER_SM * _sm_count() else 1)
+    key = (G, K, vec, SGM_ATOMIC, pf)
     if key not in _SGM_KERNELS:
         _SGM_KERNELS[key] = _make_sgm_kernel(*key)
     return _SGM_KERNELS[key], G, vec
+
+
+@functools.cache
+def _sm_count():
+    return 132 if SIM else cuda.get_current_device().MULTIPROCESSOR_COUNT
 
 
 def sgm_lines_per_block(G):

@@ -560,7 +560,7 @@ class CudaBackend:
                               f"use --device cpu")
         pairs = aggregate.direction_pairs(paths)
         dirs, starts = self._lines(h, w, paths)
-        kernel, G, vec = kagg.sgm_kernel_for(n)
+        kernel, G, vec = kagg.sgm_kernel_for(n, starts.shape[0])
         if kagg.SGM_ATOMIC:
             sp = self._zeros((1, h, w, n), np.uint16 if vec else np.uint32)
         else:
