@@ -6,7 +6,7 @@ one warm-up pair (kernel compile/cache load excluded). A peer line times the pla
 serial loop a user would write with OpenCV StereoSGBM (read, compute, write PNG) on
 the same pairs in the same process (CPU only).
 
-    python benchmarks/batch.py [DATA_DIR] [--pairs 200] [--device cpu|cuda] [-n 64] [--threads 4] [--quick]
+    python benchmarks/batch.py [DATA_DIR] [--pairs 200] [--device cpu|cuda] [-n 64] [--threads N] [--quick]
 """
 import argparse
 import shutil
@@ -37,7 +37,7 @@ def main():
     ap.add_argument("--pairs", type=int, default=200)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("-n", "--num-disparities", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--threads", type=int, help="reader and writer threads [as stereo batch: one per core, 4 to 16]")
     ap.add_argument("--format", default="png")
     ap.add_argument("--preset", default="default")
     ap.add_argument("--no-peer", action="store_true")
@@ -47,6 +47,7 @@ def main():
         a.pairs, a.num_disparities = 4, 16
     params = config.load(a.preset, None, {"num_disparities": a.num_disparities})
     backend = get_backend(a.device)
+    a.threads = a.threads or batch.default_threads()
     ext = "." + a.format
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

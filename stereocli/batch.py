@@ -457,6 +457,15 @@ def _result_fields(result) -> dict:
     return out
 
 
+def default_threads() -> int:
+    """Reader (and writer) threads of a batch in one process: one per core, 4 to 16.
+    PNG decoding and encoding take about 23 ms of CPU per pair of the shared scenes on
+    the H100 machine's 16-core host, so a GPU batch is bound by them: there, with
+    benchmarks/batch.py --device cuda --pairs 800, 4 threads gave 335-341 pairs/s, 8
+    420-426 and 16 439-452 (alternated, one machine)."""
+    return max(4, min(16, os.cpu_count() or 4))
+
+
 def run(pairs, params, backend, ext: str, *, threads: int = 4, skip_existing: bool = False,
         on_event=None, max_disparity=None, summary: Summary | None = None, compute=None) -> Summary:
     """Match every pair; one bad pair is reported (event status "failed") and skipped.

@@ -181,6 +181,21 @@ def test_refinement_bit_exact(rng):
         np.testing.assert_array_equal(on_gpu("median", disp, r), on_cpu("median", disp, r))
 
 
+@pytest.mark.parametrize("h,w", [(9, 17), (37, 70)] + ([(200, 331)] if REAL_GPU else []))
+def test_speckle_components_across_tiles(rng, h, w):
+    """The GPU finds speckle components tile by tile, then joins them across the tile
+    edges: regions spanning many tiles (a staircase of level steps, wider than max_diff
+    in total but not from one pixel to the next), holes, and regions that touch only
+    through another tile keep or lose their pixels exactly as on the CPU."""
+    yy, xx = np.mgrid[0:h, 0:w]
+    ramp = ((xx + 2 * yy) // 3).astype(np.float32) * np.float32(0.5)  # steps of 0.5: joined with max_diff 1
+    blobs = np.round(rng.uniform(0, 6, (h, w))).astype(np.float32)  # small islands
+    disp = np.where(rng.random((h, w)) < 0.5, ramp, blobs + np.float32(40))
+    disp[rng.random((h, w)) < 0.1] = np.nan
+    for max_size in (1, 4, 30):
+        np.testing.assert_array_equal(on_gpu("speckle", disp, max_size, 1.0), on_cpu("speckle", disp, max_size, 1.0))
+
+
 def test_fill_slope_identical(rng):
     """--fill slope: the GPU's kernels continue the border strip with the CPU's shared
     functions (fixed-point fits, so fused multiply-adds change nothing): the same map."""

@@ -46,9 +46,9 @@ from .common import FORMATS, params_from, print_metrics, say_if_compiling, stage
 @click.option("--calib", help="Middlebury calib.txt for every pair; a bare name (e.g. calib.txt) is looked up "
                               "in each left image's folder (one per scene).")
 @stage_options
-@click.option("--threads", type=click.IntRange(1, 64), default=4, show_default=True,
-              help="Reader and writer threads (decoding/encoding overlap the matching); with --scheduler "
-                   "local, threads per worker.")
+@click.option("--threads", type=click.IntRange(1, 64),
+              help="Reader and writer threads (decoding/encoding overlap the matching) [one per CPU core, "
+                   "4 to 16]; with --scheduler, per worker [4].")
 @click.option("--skip-existing", is_flag=True, help="Skip pairs whose output exists (resume a run).")
 @click.option("--gt-dir", type=click.Path(file_okay=False),
               help="Ground-truth folder: evaluate each map as it is written, print the total at the end.")
@@ -157,11 +157,11 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, submiss
     with bar:
         try:
             if scheduler:
-                cluster.run(pairs, params, kw["device"], ext, scheduler, workers=workers, threads=threads,
+                cluster.run(pairs, params, kw["device"], ext, scheduler, workers=workers, threads=threads or 4,
                             skip_existing=skip_existing, on_event=on_event, max_disparity=max_disparity,
                             summary=summary, warn=warn)
             else:
-                B.run(pairs, params, backend, ext, threads=threads, skip_existing=skip_existing,
+                B.run(pairs, params, backend, ext, threads=threads or B.default_threads(), skip_existing=skip_existing,
                       on_event=on_event, max_disparity=max_disparity, summary=summary)
         except KeyboardInterrupt:
             code = 130

@@ -448,8 +448,8 @@ class CudaBackend:
         """kernel[grid, block, self.stream](*args), with Numba's host work done once (launch.Launcher)."""
         self._launcher.launch(kernel, grid, block, self.stream, *args)
 
-    def _launch2(self, kernel, h, w, *args):
-        g, b = _grid2(h, w)
+    def _launch2(self, kernel, h, w, *args, bx=32, by=8):
+        g, b = _grid2(h, w, bx, by)
         self._launch(kernel, g, b, *args)
 
     def _launch_rows(self, kernel, h, row, *args):
@@ -707,11 +707,13 @@ class CudaBackend:
     def speckle(self, disp, max_size, max_diff):
         h, w = disp.shape
         labels = self._empty((h * w,), np.int32)
+        counts = self._empty((h * w,), np.int32)
         sizes = self._zeros((h * w,), np.int32)
         out = self._empty((h, w), np.float32)
-        self._launch2(kref.ccl_init_kernel, h, w, disp, labels)
-        self._launch2(kref.ccl_merge_kernel, h, w, disp, np.float32(max_diff), labels)
-        self._launch1(kref.ccl_count_kernel, h * w, labels, sizes)
+        self._launch2(kref.ccl_tile_kernel, h, w, disp, np.float32(max_diff), labels, counts,
+                      bx=kref.CCL_TILE[0], by=kref.CCL_TILE[1])
+        self._launch2(kref.ccl_border_kernel, h, w, disp, np.float32(max_diff), labels)
+        self._launch1(kref.ccl_count_kernel, h * w, labels, counts, sizes)
         self._launch2(kref.speckle_apply_kernel, h, w, disp, labels, sizes, max_size, out)
         return out
 

@@ -202,40 +202,79 @@ def _union(labels, a, b):
             done = True
 
 
+CCL_TILE = (8, 4) if SIM else (32, 8)  # pixels (x, y) of ccl_tile_kernel's block, a thread each
+_TX, _TY = CCL_TILE
+_TN = _TX * _TY  # (a shared array's size must be a plain global)
+
+
+@cuda.jit(device=True, inline=True)
+def _joins(v, u, max_diff):
+    """Two 4-neighbours are one speckle component: both valid, at most max_diff apart."""
+    return v == v and u == u and abs(u - v) <= max_diff
+
+
 @cuda.jit(cache=CACHE)
-def ccl_init_kernel(disp, labels):
-    x, y = cuda.grid(2)
+def ccl_tile_kernel(disp, max_diff, labels, counts):
+    """The components inside each tile of CCL_TILE pixels, found in shared memory; each
+    pixel's label becomes the image index of its tile component's root (the smallest
+    index in it, so labels[p] <= p), -1 where invalid, and the root's `counts` entry
+    the component's size (0 elsewhere). Tiles are joined afterwards by
+    ccl_border_kernel. One pass over all pixels in global memory (unions chasing chains
+    across the image, then an atomic add per pixel on the few roots of the large
+    components) took 0.22-0.31 ms at 741x500 and 1242x375 on an H100, 0.61 at
+    1920x1080, 1.53 at 3840x2160; tile by tile 0.04-0.05, 0.12 and 0.40.)"""
+    val = cuda.shared.array(_TN, float32)
+    lab = cuda.shared.array(_TN, int32)
+    cnt = cuda.shared.array(_TN, int32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    x0, y0 = cuda.blockIdx.x * _TX, cuda.blockIdx.y * _TY
     h, w = disp.shape
+    x, y = x0 + tx, y0 + ty
+    i = ty * _TX + tx
+    v = disp[y, x] if y < h and x < w else float32(math.nan)
+    val[i] = v
+    lab[i] = i if v == v else -1
+    cnt[i] = 0
+    cuda.syncthreads()
+    if tx + 1 < _TX and _joins(v, val[i + 1], max_diff):
+        _union(lab, i, i + 1)
+    if ty + 1 < _TY and _joins(v, val[i + _TX], max_diff):
+        _union(lab, i, i + _TX)
+    cuda.syncthreads()
+    r = _find(lab, i) if v == v else -1
+    if r >= 0:
+        cuda.atomic.add(cnt, r, 1)
+    cuda.syncthreads()
     if y < h and x < w:
-        p = y * w + x
-        labels[p] = p if disp[y, x] == disp[y, x] else -1
+        labels[y * w + x] = (y0 + r // _TX) * w + x0 + r % _TX if r >= 0 else -1
+        counts[y * w + x] = cnt[i]
 
 
 @cuda.jit(cache=CACHE)
-def ccl_merge_kernel(disp, max_diff, labels):
+def ccl_border_kernel(disp, max_diff, labels):
+    """Joins the components of neighbouring tiles: each pixel on a tile's right or
+    bottom edge with its neighbour across it."""
     x, y = cuda.grid(2)
     h, w = disp.shape
     if y < h and x < w:
         v = disp[y, x]
-        if v == v:
-            p = y * w + x
-            if x + 1 < w:
-                u = disp[y, x + 1]
-                if u == u and abs(u - v) <= max_diff:
-                    _union(labels, p, p + 1)
-            if y + 1 < h:
-                u = disp[y + 1, x]
-                if u == u and abs(u - v) <= max_diff:
-                    _union(labels, p, p + w)
+        p = y * w + x
+        if x % _TX == _TX - 1 and x + 1 < w and _joins(v, disp[y, x + 1], max_diff):
+            _union(labels, p, p + 1)
+        if y % _TY == _TY - 1 and y + 1 < h and _joins(v, disp[y + 1, x], max_diff):
+            _union(labels, p, p + w)
 
 
 @cuda.jit(cache=CACHE)
-def ccl_count_kernel(labels, sizes):
+def ccl_count_kernel(labels, counts, sizes):
+    """Each tile component's size (at its tile root) added to its image component's
+    root; the tile root then points straight at that root, so every pixel is two steps
+    from it."""
     i = cuda.grid(1)
-    if i < labels.shape[0] and labels[i] >= 0:
+    if i < labels.shape[0] and counts[i] > 0:
         r = _find(labels, i)
         labels[i] = r
-        cuda.atomic.add(sizes, r, 1)
+        cuda.atomic.add(sizes, r, counts[i])
 
 
 @cuda.jit(cache=CACHE)
