@@ -284,27 +284,22 @@ class CudaBackend:
         if kc.SIM or not a._dummy.is_c_contig:
             host = a.copy_to_host(stream=self.stream)
             self.stream.synchronize()
-            if out is None:
-                return host
-            np.copyto(out, host)
-            return out
-        if out is None or not out.flags.c_contiguous or out.shape != a.shape or out.dtype != a.dtype:
-            host = np.empty(a.shape, a.dtype)
         else:
-            host = out
-        nbytes = host.nbytes
-        if self.DOWNLOAD_STAGING_MIN_BYTES <= nbytes <= self.DOWNLOAD_STAGING_MAX_BYTES:
-            if self._download_buf is None or self._download_buf.size < nbytes:
-                self._download_buf = None  # (freed before the larger one is pinned)
-                self._download_buf = cuda.pinned_array(nbytes, np.uint8)
-            staged = self._download_buf[:nbytes].view(a.dtype).reshape(a.shape)
-            self._d2h(staged, a, nbytes)
-            self.synchronize()
-            np.copyto(host, staged)
-        else:
-            if nbytes:
-                self._d2h(host, a, nbytes)
-            self.synchronize()
+            fits = out is not None and out.flags.c_contiguous and out.shape == a.shape and out.dtype == a.dtype
+            host = out if fits else np.empty(a.shape, a.dtype)
+            nbytes = host.nbytes
+            if self.DOWNLOAD_STAGING_MIN_BYTES <= nbytes <= self.DOWNLOAD_STAGING_MAX_BYTES:
+                if self._download_buf is None or self._download_buf.size < nbytes:
+                    self._download_buf = None  # (freed before the larger one is pinned)
+                    self._download_buf = cuda.pinned_array(nbytes, np.uint8)
+                staged = self._download_buf[:nbytes].view(a.dtype).reshape(a.shape)
+                self._d2h(staged, a, nbytes)
+                self.synchronize()
+                np.copyto(host, staged)
+            else:
+                if nbytes:
+                    self._d2h(host, a, nbytes)
+                self.synchronize()
         if out is not None and host is not out:
             np.copyto(out, host)
             return out
