@@ -19,6 +19,7 @@ of atomic adds into one sum. Give each setting its own
 NUMBA_CACHE_DIR: the kernel cache does not key on the register cap.
 """
 import argparse
+import functools
 import gc
 import time
 
@@ -70,7 +71,9 @@ def pair(w, h):
 HOLD_MS = 20  # how long the stream is held before each timed round (far longer than its launches take)
 
 
+@functools.cache
 def _hold_kernel():
+    """(Made once: each call of cuda.jit is a new kernel, compiled again.)"""
     from numba import cuda
 
     @cuda.jit
