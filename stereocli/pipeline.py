@@ -270,9 +270,13 @@ def _run_strip(gl: np.ndarray, gr: np.ndarray, params: Params, bk, timer: _Timer
     timer.lap("upload")
     L, R = _preprocess(bk, L, R, params)
     timer.lap("preprocess")
+    vol = None
     if params.cost == "mi":
         vol = _mi_volume(bk, gl.astype(np.float32), gr.astype(np.float32), params, timer)
-    else:
+    elif params.cost == "census" and params.block <= 1 and params.aggregation == "sgm" and params.paths in (4, 8):
+        # the backend may rather compute the costs as the SGM sweeps (the CPU, for large volumes)
+        vol = bk.census_codes(L, R, params.min_disparity, params.num_disparities, *params.window_size())
+    if vol is None:
         vol = cost_volume(bk, L, R, params)
     timer.lap("cost")
     agg = _aggregate(bk, vol, G, params)

@@ -224,3 +224,19 @@ def test_cpu_volumes_given_back_are_used_again_with_the_same_results():
     assert len(bk._spare) == 2  # the run gave back its cost and aggregation volumes
     again = pipeline.run(l1, r1, params, bk).disparity  # made in them
     np.testing.assert_array_equal(again, first)
+
+
+def test_cpu_census_costs_computed_as_the_sgm_sweeps_give_the_same_map(monkeypatch):
+    """From CENSUS_ON_THE_FLY_CELLS volume cells on, the CPU stores no census volume (its
+    SGM computes the costs from the census strings): the map is the stored volume's, for
+    4 and 8 paths, and for the other paths and aggregations, which keep the volume."""
+    from stereocli import config, pipeline
+    from stereocli.backends import cpu
+    left, right = textured_pair(h=37, w=64, shift=5, seed=11)
+    for opts in ({}, {"paths": 4, "min_disparity": -3}, {"paths": 16}, {"aggregation": "mgm"}):
+        params = config.load("default", None, {"num_disparities": 12, **opts})
+        want = pipeline.run(left, right, params, cpu.CpuBackend()).disparity
+        bk = cpu.CpuBackend()
+        monkeypatch.setattr(bk, "CENSUS_ON_THE_FLY_CELLS", 0)
+        got = pipeline.run(left, right, params, bk).disparity
+        np.testing.assert_array_equal(got, want, err_msg=str(opts))

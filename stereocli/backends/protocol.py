@@ -70,6 +70,12 @@ class Backend(Protocol):
     def census_volume(self, left: Array, right: Array, min_d: int, ndisp: int, wx: int, wy: int) -> Array:
         """uint8 (H, W, ndisp) census cost in cost units, OUTSIDE beyond the right image."""
 
+    def census_codes(self, left: Array, right: Array, min_d: int, ndisp: int, wx: int, wy: int):
+        """What `sgm` (4 or 8 paths) can compute census_volume's costs from as it sweeps,
+        instead of reading a stored volume, or None: then the pipeline asks for the volume.
+        The CPU gives its census strings (stages/cost.CensusCodes) for large volumes; the
+        GPU always wants the volume."""
+
     def diff_volume(self, left: Array, right: Array, min_d: int, ndisp: int, kind: int) -> Array:
         """float32 (H, W, ndisp) per-pixel difference of `kind` (cost.ABS, SQ, PROD, BT)."""
 
@@ -91,9 +97,8 @@ class Backend(Protocol):
         """Box aggregation of a uint8 (H, W, D) volume over (2r+1)^2, rounded mean."""
 
     def sgm(self, vol: Array, guide: Array, p1: int, p2: int, adaptive: bool, paths: int):
-        """SGM over `paths` directions of a uint8 (H, W, D) volume with the uint8 (H, W)
-        grey guide: the uint16 sum (CPU), or the per-direction volumes (GPU) that `select`
-        adds as it reads them."""
+        """SGM over `paths` directions of a uint8 (H, W, D) volume (or what census_codes
+        gave) with the uint8 (H, W) grey guide: the uint16 (H, W, D) sum."""
 
     def mgm(self, vol: Array, guide: Array, p1: int, p2: int, adaptive: bool, paths: int) -> Array:
         """More Global Matching (stages/aggregate.py) over 4 or 8 passes: the uint16 sum

@@ -13,6 +13,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import CACHE, shared
+from .cost import census_pixel_costs
 
 # (dx, dy): the previous pixel on the path is (x - dx, y - dy)
 DIRECTIONS = {
@@ -60,9 +61,10 @@ def _sgm16(c, l_prev, l_lo, l_hi, min_prev, p1, p2):
 
 
 @njit(cache=CACHE, inline="always")
-def _step(C, S, y, x, buf, src, dst, mp, p1, p2, first):
+def _step(C, cy, S, y, x, buf, src, dst, mp, p1, p2, first):
     """buf[dst, 1:n+1] = SGM update of buf[src, 1:n+1] (the path's L at the previous
-    pixel, whose minimum is mp) with the costs C[y, x]; S[y, x] = that (first path) or
+    pixel, whose minimum is mp) with the costs C[cy, x] (cy: y, or the row of a buffer
+    of costs computed on the fly); S[y, x] = that (first path) or
     += it, in the same loop (a separate pass over the buffer cost the vertical sweeps
     10-20 %). Returns its minimum. Columns 0 and n+1 of buf hold EDGE, so one loop of n
     trips covers every disparity (no scalar edge or remainder code per pixel), and
@@ -70,7 +72,7 @@ def _step(C, S, y, x, buf, src, dst, mp, p1, p2, first):
     n = C.shape[2]
     mn = np.uint16(EDGE)
     for d in range(n):
-        v = _sgm16(np.uint16(C[y, x, d]), buf[src, d + 1], buf[src, d], buf[src, d + 2], mp, p1, p2)
+        v = _sgm16(np.uint16(C[cy, x, d]), buf[src, d + 1], buf[src, d], buf[src, d + 2], mp, p1, p2)
         buf[dst, d + 1] = v
         S[y, x, d] = v if first else S[y, x, d] + v
         mn = min(mn, v)
@@ -78,12 +80,12 @@ def _step(C, S, y, x, buf, src, dst, mp, p1, p2, first):
 
 
 @njit(cache=CACHE, inline="always")
-def _start(C, S, y, x, buf, dst, first):
-    """First pixel of a path: L = C, and S[y, x] = L (first path) or += L. Returns min(L)."""
+def _start(C, cy, S, y, x, buf, dst, first):
+    """First pixel of a path: L = C[cy, x], and S[y, x] = L (first path) or += L. Returns min(L)."""
     n = C.shape[2]
     mn = np.uint16(EDGE)
     for d in range(n):
-        v = np.uint16(C[y, x, d])
+        v = np.uint16(C[cy, x, d])
         buf[dst, d + 1] = v
         S[y, x, d] = v if first else S[y, x, d] + v
         mn = min(mn, v)
@@ -137,14 +139,14 @@ def _walk(C, S, guide, y, x, dx, dy, buf, p1, p2tab, first):
     """One path: from (y, x) along (dx, dy) to the image border; returns the last pixel."""
     h, w, _ = C.shape
     src = 0
-    m = _start(C, S, y, x, buf, src, first)
+    m = _start(C, y, S, y, x, buf, src, first)
     while True:
         ny = y + dy
         nx = x + dx
         if ny < 0 or ny >= h or nx < 0 or nx >= w:
             return y, x
         p2e = np.uint16(p2tab[abs(np.int32(guide[ny, nx]) - np.int32(guide[y, x]))])
-        m = _step(C, S, ny, nx, buf, src, 1 - src, m, p1, p2e, first)
+        m = _step(C, ny, S, ny, nx, buf, src, 1 - src, m, p1, p2e, first)
         src = 1 - src
         y = ny
         x = nx
@@ -194,63 +196,79 @@ def box_sum_u8_cpu(C, r):
 
 
 @njit(parallel=True, cache=CACHE)
-def sgm_horizontal_cpu(C, guide, p1, p2tab, S):
-    """S = L(+x) + L(-x): both horizontal paths of every row (rows in parallel)."""
-    h, w, n = C.shape
+def sgm_horizontal_cpu(C, guide, p1, p2tab, S, codes=None):
+    """S = L(+x) + L(-x): both horizontal paths of every row (rows in parallel). The
+    costs from the volume C, or with `codes` (cost.CensusCodes) computed for each row as
+    its task starts. (Numba drops the `codes` branches when codes is None, but types
+    both when it is not: C must then still be a uint8 volume, which goes unused.)"""
+    h, w, n = S.shape
     p1 = np.uint16(p1)
     for y in prange(h):
-        row = np.empty((w, n + 2), np.uint16)  # L along +x at every pixel of the row
-        row[:, 0] = EDGE
-        row[:, n + 1] = EDGE
-        m = np.uint16(EDGE)
-        for d in range(n):
-            v = np.uint16(C[y, 0, d])
-            row[0, d + 1] = v
-            m = min(m, v)
-        for x in range(1, w):
-            p2e = np.uint16(p2tab[abs(np.int32(guide[y, x]) - np.int32(guide[y, x - 1]))])
-            mn = np.uint16(EDGE)
-            for d in range(n):
-                v = _sgm16(np.uint16(C[y, x, d]), row[x - 1, d + 1], row[x - 1, d], row[x - 1, d + 2], m, p1, p2e)
-                row[x, d + 1] = v
-                mn = min(mn, v)
-            m = mn
-        buf = np.full((2, n + 2), EDGE, np.uint16)  # L along -x at the previous pixel and this one
-        m = np.uint16(EDGE)
-        for d in range(n):
-            v = np.uint16(C[y, w - 1, d])
-            buf[0, d + 1] = v
-            S[y, w - 1, d] = row[w - 1, d + 1] + v
-            m = min(m, v)
-        src = 0
-        for x in range(w - 2, -1, -1):
-            p2e = np.uint16(p2tab[abs(np.int32(guide[y, x]) - np.int32(guide[y, x + 1]))])
-            dst = 1 - src
-            mn = np.uint16(EDGE)
-            for d in range(n):
-                v = _sgm16(np.uint16(C[y, x, d]), buf[src, d + 1], buf[src, d], buf[src, d + 2], m, p1, p2e)
-                buf[dst, d + 1] = v
-                S[y, x, d] = row[x, d + 1] + v
-                mn = min(mn, v)
-            m = mn
-            src = dst
+        if codes is None:
+            _horizontal_row(C, y, guide, p1, p2tab, S, y)
+        else:
+            Cy = np.empty((1, w, n), np.uint8)
+            for x in range(w):
+                census_pixel_costs(codes, y, x, Cy, 0)
+            _horizontal_row(Cy, 0, guide, p1, p2tab, S, y)
 
 
 @njit(cache=CACHE, inline="always")
-def _row_pixel(C, guide, p1, p2tab, S, lines, mins, src, dst, q, first, y, x, dxs, dy):
+def _horizontal_row(C, cy, guide, p1, p2tab, S, y):
+    """sgm_horizontal_cpu's work on row y, its costs in row cy of C."""
+    _, w, n = S.shape
+    row = np.empty((w, n + 2), np.uint16)  # L along +x at every pixel of the row
+    row[:, 0] = EDGE
+    row[:, n + 1] = EDGE
+    m = np.uint16(EDGE)
+    for d in range(n):
+        v = np.uint16(C[cy, 0, d])
+        row[0, d + 1] = v
+        m = min(m, v)
+    for x in range(1, w):
+        p2e = np.uint16(p2tab[abs(np.int32(guide[y, x]) - np.int32(guide[y, x - 1]))])
+        mn = np.uint16(EDGE)
+        for d in range(n):
+            v = _sgm16(np.uint16(C[cy, x, d]), row[x - 1, d + 1], row[x - 1, d], row[x - 1, d + 2], m, p1, p2e)
+            row[x, d + 1] = v
+            mn = min(mn, v)
+        m = mn
+    buf = np.full((2, n + 2), EDGE, np.uint16)  # L along -x at the previous pixel and this one
+    m = np.uint16(EDGE)
+    for d in range(n):
+        v = np.uint16(C[cy, w - 1, d])
+        buf[0, d + 1] = v
+        S[y, w - 1, d] = row[w - 1, d + 1] + v
+        m = min(m, v)
+    src = 0
+    for x in range(w - 2, -1, -1):
+        p2e = np.uint16(p2tab[abs(np.int32(guide[y, x]) - np.int32(guide[y, x + 1]))])
+        dst = 1 - src
+        mn = np.uint16(EDGE)
+        for d in range(n):
+            v = _sgm16(np.uint16(C[cy, x, d]), buf[src, d + 1], buf[src, d], buf[src, d + 2], m, p1, p2e)
+            buf[dst, d + 1] = v
+            S[y, x, d] = row[x, d + 1] + v
+            mn = min(mn, v)
+        m = mn
+        src = dst
+
+
+@njit(cache=CACHE, inline="always")
+def _row_pixel(C, cy, guide, p1, p2tab, S, lines, mins, src, dst, q, first, y, x, dxs, dy):
     """S[y, x] += L(r)[y, x] for r = (dxs[k], dy), from the previous row's path costs of
     sweep q (row _line_row(src, q, k, x) of lines, EDGE-padded; mins[src, q, k, x] their
-    minima); `first`: y is the sweep's first row."""
+    minima), the costs C[cy, x]; `first`: y is the sweep's first row."""
     w = C.shape[1]
     nd = dxs.shape[0]
     for k in range(nd):
         px = x - dxs[k]
         row = _line_row(dst, q, k, x, nd, w)
         if first or px < 0 or px >= w:  # the first pixel of its line: L = C
-            mins[dst, q, k, x] = _start(C, S, y, x, lines, row, False)
+            mins[dst, q, k, x] = _start(C, cy, S, y, x, lines, row, False)
         else:
             p2e = np.uint16(p2tab[abs(np.int32(guide[y, x]) - np.int32(guide[y - dy, px]))])
-            mins[dst, q, k, x] = _step(C, S, y, x, lines, _line_row(src, q, k, px, nd, w), row,
+            mins[dst, q, k, x] = _step(C, cy, S, y, x, lines, _line_row(src, q, k, px, nd, w), row,
                                        mins[src, q, k, px], p1, p2e, False)
 
 
@@ -261,13 +279,13 @@ def _line_row(parity, q, k, x, nd, w):
 
 
 @njit(cache=CACHE, inline="always")
-def _row_pixel3(C, guide, p1, p2tab, S, lines, mins, src, dst, q, first, y, x, dy, zero):
+def _row_pixel3(C, cy, guide, p1, p2tab, S, lines, mins, src, dst, q, first, y, x, dy, zero):
     """_row_pixel for dxs = (0, 1, -1), the three directions in one loop over d: the
     costs read and S updated once for all three (the 8-path vertical sweeps of a
     450x375x64 volume on the 2-core machine: 9.0-9.2 -> 7.5-8.1 ms on one thread,
     4.8-5.2 -> 3.8-4.1 on two). A path's first pixel takes its update from row `zero` of
     lines with minimum 0 and P2 0: C + min(..., 0 + 0) - 0 = C, what _start gives,
-    whatever the row holds."""
+    whatever the row holds. The costs: C[cy, x]."""
     w = C.shape[1]
     n = C.shape[2]
     g = np.int32(guide[y, x])
@@ -291,7 +309,7 @@ def _row_pixel3(C, guide, p1, p2tab, S, lines, mins, src, dst, q, first, y, x, d
     r2 = _line_row(dst, q, 2, x, 3, w)
     n0 = n1 = n2 = np.uint16(EDGE)
     for d in range(n):
-        c = np.uint16(C[y, x, d])
+        c = np.uint16(C[cy, x, d])
         v0 = _sgm16(c, lines[s0, d + 1], lines[s0, d], lines[s0, d + 2], m0, p1, q0)
         v1 = _sgm16(c, lines[s1, d + 1], lines[s1, d], lines[s1, d + 2], m1, p1, q1)
         v2 = _sgm16(c, lines[s2, d + 1], lines[s2, d], lines[s2, d + 2], m2, p1, q2)
@@ -308,58 +326,79 @@ def _row_pixel3(C, guide, p1, p2tab, S, lines, mins, src, dst, q, first, y, x, d
 
 
 @njit(parallel=True, cache=CACHE)
-def sgm_vertical_cpu(C, guide, p1, p2tab, S, dxs):
+def _cost_rows(codes, down, up, Cb):
+    """Cb[0] = the census costs of row `down`, Cb[1] those of row `up`."""
+    w = Cb.shape[1]
+    for j in prange(2 * w):
+        if j < w:
+            census_pixel_costs(codes, down, j, Cb, 0)
+        else:
+            census_pixel_costs(codes, up, j - w, Cb, 1)
+
+
+@njit(parallel=True, cache=CACHE)
+def sgm_vertical_cpu(C, guide, p1, p2tab, S, dxs, codes=None):
     """S += L(r) for r = (dxs[k], 1) (from the row above: a sweep down) and (dxs[k], -1)
     (from the row below: a sweep up). Step i takes row i of the sweep down and row
     h - 1 - i of the sweep up, all their pixels in parallel (one fork per step, not per
-    row and sweep); each pixel from the previous row's path costs of its sweep."""
-    h, w, n = C.shape
+    row and sweep); each pixel from the previous row's path costs of its sweep. The
+    costs from the volume C, or with `codes` (C then unused) computed for the step's two
+    rows into a two-row buffer (row 0: the sweep down's, 1: the sweep up's)."""
+    h, w, n = S.shape
     nd = dxs.shape[0]
     p1 = np.uint16(p1)
     lines = np.full((2 * 2 * nd * w, n + 2), EDGE, np.uint16)  # row _line_row(parity, sweep, direction, x)
     mins = np.zeros((2, 2, nd, w), np.uint16)
+    Cb = C if codes is None else np.empty((2, w, n), np.uint8)
     for i in range(h):
         dst = i & 1
         src = 1 - dst
         down, up = i, h - 1 - i
+        cd, cu = (down, up) if codes is None else (0, 1)  # their rows of Cb
+        if codes is not None:  # (a fork of its own: inside the pixels' loop they ran 1.8x as long)
+            _cost_rows(codes, down, up, Cb)
         if down != up:
             for j in prange(2 * w):
                 if j < w:
-                    _row_pixel(C, guide, p1, p2tab, S, lines, mins, src, dst, 0, i == 0, down, j, dxs, 1)
+                    _row_pixel(Cb, cd, guide, p1, p2tab, S, lines, mins, src, dst, 0, i == 0, down, j, dxs, 1)
                 else:
-                    _row_pixel(C, guide, p1, p2tab, S, lines, mins, src, dst, 1, i == 0, up, j - w, dxs, -1)
+                    _row_pixel(Cb, cu, guide, p1, p2tab, S, lines, mins, src, dst, 1, i == 0, up, j - w, dxs, -1)
         else:  # the middle row of an odd height: both sweeps add to it, one after the other
             for x in prange(w):
-                _row_pixel(C, guide, p1, p2tab, S, lines, mins, src, dst, 0, i == 0, down, x, dxs, 1)
+                _row_pixel(Cb, cd, guide, p1, p2tab, S, lines, mins, src, dst, 0, i == 0, down, x, dxs, 1)
             for x in prange(w):
-                _row_pixel(C, guide, p1, p2tab, S, lines, mins, src, dst, 1, i == 0, up, x, dxs, -1)
+                _row_pixel(Cb, cu, guide, p1, p2tab, S, lines, mins, src, dst, 1, i == 0, up, x, dxs, -1)
 
 
 @njit(parallel=True, cache=CACHE)
-def sgm_vertical3_cpu(C, guide, p1, p2tab, S):
+def sgm_vertical3_cpu(C, guide, p1, p2tab, S, codes=None):
     """sgm_vertical_cpu for dxs = (0, 1, -1) (8 paths), each pixel's three directions in
     one loop over d (_row_pixel3). The loops are sgm_vertical_cpu's, written out again:
     choosing the pixel function inside them cost back most of the gain."""
-    h, w, n = C.shape
+    h, w, n = S.shape
     p1 = np.uint16(p1)
     zero = 2 * 2 * 3 * w  # (the last row: see _row_pixel3)
     lines = np.full((zero + 1, n + 2), EDGE, np.uint16)  # row _line_row(parity, sweep, direction, x)
     mins = np.zeros((2, 2, 3, w), np.uint16)
+    Cb = C if codes is None else np.empty((2, w, n), np.uint8)
     for i in range(h):
         dst = i & 1
         src = 1 - dst
         down, up = i, h - 1 - i
+        cd, cu = (down, up) if codes is None else (0, 1)
+        if codes is not None:
+            _cost_rows(codes, down, up, Cb)
         if down != up:
             for j in prange(2 * w):
                 if j < w:
-                    _row_pixel3(C, guide, p1, p2tab, S, lines, mins, src, dst, 0, i == 0, down, j, 1, zero)
+                    _row_pixel3(Cb, cd, guide, p1, p2tab, S, lines, mins, src, dst, 0, i == 0, down, j, 1, zero)
                 else:
-                    _row_pixel3(C, guide, p1, p2tab, S, lines, mins, src, dst, 1, i == 0, up, j - w, -1, zero)
+                    _row_pixel3(Cb, cu, guide, p1, p2tab, S, lines, mins, src, dst, 1, i == 0, up, j - w, -1, zero)
         else:
             for x in prange(w):
-                _row_pixel3(C, guide, p1, p2tab, S, lines, mins, src, dst, 0, i == 0, down, x, 1, zero)
+                _row_pixel3(Cb, cd, guide, p1, p2tab, S, lines, mins, src, dst, 0, i == 0, down, x, 1, zero)
             for x in prange(w):
-                _row_pixel3(C, guide, p1, p2tab, S, lines, mins, src, dst, 1, i == 0, up, x, -1, zero)
+                _row_pixel3(Cb, cu, guide, p1, p2tab, S, lines, mins, src, dst, 1, i == 0, up, x, -1, zero)
 
 
 @njit(parallel=True, cache=CACHE)
@@ -401,10 +440,11 @@ def sgm_vertical_lines_cpu(C, guide, p1, p2tab, S, dx, per_task, threads):
                         j = 2 * (u - a)
                         px = x - dx * dy  # the previous pixel of the path, in row y - dy
                         if i == 0 or px < 0 or px >= w:  # the first pixel of its line: L = C
-                            mins[j + dst] = _start(C, S, y, x, buf, j + dst, False)
+                            mins[j + dst] = _start(C, y, S, y, x, buf, j + dst, False)
                         else:
                             p2e = np.uint16(p2tab[abs(np.int32(guide[y, x]) - np.int32(guide[y - dy, px]))])
-                            mins[j + dst] = _step(C, S, y, x, buf, j + src, j + dst, mins[j + src], p1, p2e, False)
+                            mins[j + dst] = _step(C, y, S, y, x, buf, j + src, j + dst, mins[j + src], p1, p2e,
+                                                  False)
 
 
 # Which vertical sweeps: the raster passes (one fork per row) touch the volumes twice; by
@@ -431,16 +471,27 @@ def vertical_by_lines(C) -> bool:
     return numba.get_num_threads() >= LINES_MIN_THREADS and C.size <= LINES_MAX_CELLS
 
 
-def sgm_cpu(C, guide, p1, p2, adaptive, paths, by_lines=None, out=None):
+def sgm_cpu(C, guide, p1, p2, adaptive, paths, by_lines=None, out=None, codes=None):
     """The uint16 sum over `paths` directions: 4 or 8 in three sweeps (see above); 16
     (whose knight-move lines skip rows) line by line. `by_lines`: how the vertical
     sweeps run (None: vertical_by_lines decides; the sums are the same). Into `out`
-    (h, w, n) uint16 when given (every element is written)."""
-    h, w, n = C.shape
+    (h, w, n) uint16 when given (every element is written). With `codes`
+    (cost.CensusCodes; 4 or 8 paths, C None) the census costs are computed as the sweeps
+    reach each pixel, three times in all, instead of read from a volume: the same sums
+    without the volume's byte per cell (the vertical sweeps in raster passes)."""
+    if codes is not None:
+        if paths not in (4, 8):
+            raise ValueError("census codes instead of a cost volume: 4 or 8 paths only")
+        h, w = codes.cl.shape
+        n = codes.ndisp
+        by_lines = False
+        C = np.empty((1, 1, 1), np.uint8)  # (unused: Numba types both branches on codes, see sgm_horizontal_cpu)
+    else:
+        h, w, n = C.shape
     S = np.empty((h, w, n), np.uint16) if out is None else out
     p2tab = p2_table(p1, p2, adaptive)
     if paths in (4, 8):
-        sgm_horizontal_cpu(C, guide, np.int32(p1), p2tab, S)
+        sgm_horizontal_cpu(C, guide, np.int32(p1), p2tab, S, codes)
         dxs = [0] if paths == 4 else [0, 1, -1]
         if vertical_by_lines(C) if by_lines is None else by_lines:
             for dx in dxs:
@@ -449,9 +500,9 @@ def sgm_cpu(C, guide, p1, p2, adaptive, paths, by_lines=None, out=None):
                                        threads)
         else:
             if paths == 8:
-                sgm_vertical3_cpu(C, guide, np.int32(p1), p2tab, S)
+                sgm_vertical3_cpu(C, guide, np.int32(p1), p2tab, S, codes)
             else:
-                sgm_vertical_cpu(C, guide, np.int32(p1), p2tab, S, np.array(dxs, np.int64))
+                sgm_vertical_cpu(C, guide, np.int32(p1), p2tab, S, np.array(dxs, np.int64), codes)
         return S
     for i, (dx, dy) in enumerate(direction_pairs(paths)):
         sgm_line_pair_cpu(C, guide, np.int32(p1), p2tab, S, dx, dy, line_starts(h, w, dx, dy), i == 0)

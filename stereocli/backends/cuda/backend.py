@@ -480,6 +480,9 @@ class CudaBackend:
         return out
 
     # ------------------------------------------------------------ costs
+    def census_codes(self, left, right, min_d, ndisp, wx, wy):
+        return None  # (the SGM kernels read a stored volume)
+
     def census_volume(self, left, right, min_d, ndisp, wx, wy):
         h, w = left.shape
         cl, cr = self._empty((h, w), np.uint64), self._empty((h, w), np.uint64)
