@@ -196,62 +196,56 @@ def box_sum_u8_cpu(C, r):
 
 
 @njit(parallel=True, cache=CACHE)
-def sgm_horizontal_cpu(C, guide, p1, p2tab, S, codes=None):
-    """S = L(+x) + L(-x): both horizontal paths of every row (rows in parallel). The
-    costs from the volume C, or with `codes` (cost.CensusCodes) computed for each row as
-    its task starts. (Numba drops the `codes` branches when codes is None, but types
-    both when it is not: C must then still be a uint8 volume, which goes unused.)"""
+def sgm_horizontal_cpu(C, guide, p1, p2tab, S, tasks, codes=None):
+    """S = L(+x) + L(-x): both horizontal paths of every row, in `tasks` parallel runs of
+    neighbouring rows. The costs from the volume C, or with `codes` (cost.CensusCodes)
+    computed for each row as its turn comes, into a row buffer made once per run (made
+    per row, a 6000x320 row's 2 MB came fresh from the kernel every time). (Numba drops
+    the `codes` branches when codes is None, but types both when it is not: C must then
+    still be a uint8 volume, which goes unused.)"""
     h, w, n = S.shape
     p1 = np.uint16(p1)
-    for y in prange(h):
-        if codes is None:
-            _horizontal_row(C, y, guide, p1, p2tab, S, y)
-        else:
-            Cy = np.empty((1, w, n), np.uint8)
-            for x in range(w):
-                census_pixel_costs(codes, y, x, Cy, 0)
-            _horizontal_row(Cy, 0, guide, p1, p2tab, S, y)
+    tasks = max(1, min(tasks, h))
+    for t in prange(tasks):
+        Cy = np.empty((1, w, n) if codes is not None else (1, 1, 1), np.uint8)
+        for y in range(t * h // tasks, (t + 1) * h // tasks):
+            if codes is None:
+                _horizontal_row(C, y, guide, p1, p2tab, S, y)
+            else:
+                for x in range(w):
+                    census_pixel_costs(codes, y, x, Cy, 0)
+                _horizontal_row(Cy, 0, guide, p1, p2tab, S, y)
 
 
 @njit(cache=CACHE, inline="always")
 def _horizontal_row(C, cy, guide, p1, p2tab, S, y):
-    """sgm_horizontal_cpu's work on row y, its costs in row cy of C."""
+    """sgm_horizontal_cpu's work on row y, its costs in row cy of C: S[y] = L(+x), then
+    S[y] += L(-x), each path's L at the previous pixel and this one in a small buffer
+    (made here: passed in from the caller, LLVM no longer vectorised the loops over d)."""
     _, w, n = S.shape
-    row = np.empty((w, n + 2), np.uint16)  # L along +x at every pixel of the row
-    row[:, 0] = EDGE
-    row[:, n + 1] = EDGE
-    m = np.uint16(EDGE)
-    for d in range(n):
-        v = np.uint16(C[cy, 0, d])
-        row[0, d + 1] = v
-        m = min(m, v)
-    for x in range(1, w):
-        p2e = np.uint16(p2tab[abs(np.int32(guide[y, x]) - np.int32(guide[y, x - 1]))])
-        mn = np.uint16(EDGE)
+    buf = np.full((2, n + 2), EDGE, np.uint16)
+    for sweep in range(2):
+        x = 0 if sweep == 0 else w - 1
+        m = np.uint16(EDGE)
         for d in range(n):
-            v = _sgm16(np.uint16(C[cy, x, d]), row[x - 1, d + 1], row[x - 1, d], row[x - 1, d + 2], m, p1, p2e)
-            row[x, d + 1] = v
-            mn = min(mn, v)
-        m = mn
-    buf = np.full((2, n + 2), EDGE, np.uint16)  # L along -x at the previous pixel and this one
-    m = np.uint16(EDGE)
-    for d in range(n):
-        v = np.uint16(C[cy, w - 1, d])
-        buf[0, d + 1] = v
-        S[y, w - 1, d] = row[w - 1, d + 1] + v
-        m = min(m, v)
-    src = 0
-    for x in range(w - 2, -1, -1):
-        p2e = np.uint16(p2tab[abs(np.int32(guide[y, x]) - np.int32(guide[y, x + 1]))])
-        dst = 1 - src
-        mn = np.uint16(EDGE)
-        for d in range(n):
-            v = _sgm16(np.uint16(C[cy, x, d]), buf[src, d + 1], buf[src, d], buf[src, d + 2], m, p1, p2e)
-            buf[dst, d + 1] = v
-            S[y, x, d] = row[x, d + 1] + v
-            mn = min(mn, v)
-        m = mn
-        src = dst
+            v = np.uint16(C[cy, x, d])
+            buf[0, d + 1] = v
+            S[y, x, d] = v if sweep == 0 else S[y, x, d] + v
+            m = min(m, v)
+        src = 0
+        for i in range(1, w):
+            x = i if sweep == 0 else w - 1 - i
+            px = x - 1 if sweep == 0 else x + 1
+            p2e = np.uint16(p2tab[abs(np.int32(guide[y, x]) - np.int32(guide[y, px]))])
+            dst = 1 - src
+            mn = np.uint16(EDGE)
+            for d in range(n):
+                v = _sgm16(np.uint16(C[cy, x, d]), buf[src, d + 1], buf[src, d], buf[src, d + 2], m, p1, p2e)
+                buf[dst, d + 1] = v
+                S[y, x, d] = v if sweep == 0 else S[y, x, d] + v
+                mn = min(mn, v)
+            m = mn
+            src = dst
 
 
 @njit(cache=CACHE, inline="always")
@@ -491,7 +485,7 @@ def sgm_cpu(C, guide, p1, p2, adaptive, paths, by_lines=None, out=None, codes=No
     S = np.empty((h, w, n), np.uint16) if out is None else out
     p2tab = p2_table(p1, p2, adaptive)
     if paths in (4, 8):
-        sgm_horizontal_cpu(C, guide, np.int32(p1), p2tab, S, codes)
+        sgm_horizontal_cpu(C, guide, np.int32(p1), p2tab, S, numba.get_num_threads(), codes)
         dxs = [0] if paths == 4 else [0, 1, -1]
         if vertical_by_lines(C) if by_lines is None else by_lines:
             for dx in dxs:
