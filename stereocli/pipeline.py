@@ -281,14 +281,17 @@ def _run_strip(gl: np.ndarray, gr: np.ndarray, params: Params, bk, timer: _Timer
     timer.lap("cost")
     agg = _aggregate(bk, vol, G, params)
     timer.lap("aggregate")
+    if agg is not vol:  # the selection reads the aggregate only: the costs go first (the CPU keeps large
+        bk.recycle(vol)  # volumes for the next match of this size; its census strings, 105 MB a strip at
+    del vol  # 6000x4000, are freed before the selection's maps are made)
     disp, disp_r, conf = bk.select(agg, params.min_disparity, params.uniqueness, params.subpixel, params.lr_check,
                                    want_conf)
     timer.lap("select")
     if params.lr_check:
         disp = bk.lr_check(disp, disp_r, params.lr_max_diff)
         timer.lap("lr_check")
-    bk.recycle(agg, vol)  # (the CPU keeps large volumes for the next match of this size)
-    del agg, vol
+    bk.recycle(agg)
+    del agg
     if params.speckle_size > 0:
         disp = bk.speckle(disp, params.speckle_size, params.speckle_diff)
         timer.lap("speckle")
