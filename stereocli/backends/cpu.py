@@ -20,6 +20,23 @@ def _meminfo(key):
     return None
 
 
+def _trim_heap():
+    """glibc's malloc_trim(0): free pages of every malloc heap back to the system (a no-op
+    elsewhere)."""
+    global _libc
+    if _libc is None:
+        try:
+            import ctypes
+            _libc = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _libc = False
+    if _libc:
+        _libc(0)
+
+
+_libc = None
+
+
 def _resident_bytes():
     """This process's resident memory (Linux), or None."""
     try:
@@ -49,6 +66,11 @@ class CpuBackend:
     # 3000x2000/256 898 -> 1019 ms), so only where the volume would take 1 GiB or more.
     CENSUS_ON_THE_FLY_CELLS = 1 << 30
 
+    # Before a new volume this large, the C heap's free pages go back to the system: the
+    # stages' arrays freed by then (many threads' heaps of them) stayed resident beside
+    # the volume, which the large pairs' peak memory is mostly made of.
+    TRIM_BEFORE_BYTES = 256 << 20
+
     # How long a reading of the system's available memory is trusted: reading
     # /proc/meminfo cost about 0.15 ms, every match (0.5 % of a one-thread teddy).
     AVAILABLE_TTL_S = 1.0
@@ -67,6 +89,8 @@ class CpuBackend:
         # 3000x1400/256 pair in 3 strips peaked at 3114 MiB resident, 1746 after this;
         # 6000x4000/320 in 4 strips at 10.4 GB)
         self._spare.clear()
+        if math.prod(shape) * dtype.itemsize >= self.TRIM_BEFORE_BYTES:
+            _trim_heap()
         return np.empty(shape, dtype)
 
     def recycle(self, *arrays):
