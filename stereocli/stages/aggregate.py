@@ -450,14 +450,18 @@ def sgm_vertical_lines_cpu(C, guide, p1, p2tab, S, dx, per_task, threads):
 LINES_MIN_THREADS = 4
 # Lines per block of sgm_vertical_lines_cpu: on the H100 machine's host, 16 threads,
 # 450x375x64, one direction's pass: 8 lines 1.15 ms, 16 0.79-0.86, 24 0.75-0.87, 32
-# 0.69-0.73, 48 0.87-1.12, 64 1.45 (741x500: 24-32 best too). Fewer where the blocks
-# would not give every thread one.
+# 0.69-0.73, 48 0.87-1.12, 64 1.45 (741x500: 24-32 best too). At most that many, and as
+# many blocks as make whole rounds of the threads: 741 columns in blocks of 32 were 24
+# blocks, two rounds for 8 threads and one for the other 8 (blocks of 24: two for all).
 LINES_PER_TASK = 32
 
 
 def lines_per_task(h, w, dx, threads) -> int:
     lines = w + abs(dx) * (h - 1)
-    return min(LINES_PER_TASK, max(8, -(-lines // threads)))
+    rounds = -(-lines // (threads * LINES_PER_TASK))
+    return max(8, -(-lines // (threads * rounds)))
+
+
 LINES_MAX_CELLS = 1 << 25  # W*H*D
 
 
