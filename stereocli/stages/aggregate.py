@@ -221,31 +221,109 @@ def sgm_horizontal_cpu(C, guide, p1, p2tab, S, tasks, codes=None):
 def _horizontal_row(C, cy, guide, p1, p2tab, S, y):
     """sgm_horizontal_cpu's work on row y, its costs in row cy of C: S[y] = L(+x), then
     S[y] += L(-x), each path's L at the previous pixel and this one in a small buffer
-    (made here: passed in from the caller, LLVM no longer vectorised the loops over d)."""
+    made here (passed in from the caller, LLVM no longer vectorised the loops over d).
+    From 64 disparities on the loops over d index the arrays in place; below, they go
+    through 1-D views (2-core machine, one thread, this sweep: in place, 16 and 32
+    disparities ran 3-4x as long as through views; through views, 64 and 128 ran 20-35 %
+    longer than in place; a choice inside one loop ran 10x as long)."""
+    if S.shape[2] >= 64:
+        _horizontal_row_indexed(C, cy, guide, p1, p2tab, S, y)
+    else:
+        _horizontal_row_views(C, cy, guide, p1, p2tab, S, y)
+
+
+@njit(cache=CACHE, inline="always")
+def _horizontal_row_indexed(C, cy, guide, p1, p2tab, S, y):
+    """_horizontal_row, the loops over d indexing the arrays in place."""
     _, w, n = S.shape
     buf = np.full((2, n + 2), EDGE, np.uint16)
-    for sweep in range(2):
-        x = 0 if sweep == 0 else w - 1
-        m = np.uint16(EDGE)
+    m = np.uint16(EDGE)
+    for d in range(n):
+        v = np.uint16(C[cy, 0, d])
+        buf[0, d + 1] = v
+        S[y, 0, d] = v
+        m = min(m, v)
+    src = 0
+    for x in range(1, w):
+        p2e = np.uint16(p2tab[abs(np.int32(guide[y, x]) - np.int32(guide[y, x - 1]))])
+        dst = 1 - src
+        mn = np.uint16(EDGE)
         for d in range(n):
-            v = np.uint16(C[cy, x, d])
-            buf[0, d + 1] = v
-            S[y, x, d] = v if sweep == 0 else S[y, x, d] + v
-            m = min(m, v)
-        src = 0
-        for i in range(1, w):
-            x = i if sweep == 0 else w - 1 - i
-            px = x - 1 if sweep == 0 else x + 1
-            p2e = np.uint16(p2tab[abs(np.int32(guide[y, x]) - np.int32(guide[y, px]))])
-            dst = 1 - src
-            mn = np.uint16(EDGE)
-            for d in range(n):
-                v = _sgm16(np.uint16(C[cy, x, d]), buf[src, d + 1], buf[src, d], buf[src, d + 2], m, p1, p2e)
-                buf[dst, d + 1] = v
-                S[y, x, d] = v if sweep == 0 else S[y, x, d] + v
-                mn = min(mn, v)
-            m = mn
-            src = dst
+            v = _sgm16(np.uint16(C[cy, x, d]), buf[src, d + 1], buf[src, d], buf[src, d + 2], m, p1, p2e)
+            buf[dst, d + 1] = v
+            S[y, x, d] = v
+            mn = min(mn, v)
+        m = mn
+        src = dst
+    m = np.uint16(EDGE)
+    for d in range(n):
+        v = np.uint16(C[cy, w - 1, d])
+        buf[0, d + 1] = v
+        S[y, w - 1, d] += v
+        m = min(m, v)
+    src = 0
+    for x in range(w - 2, -1, -1):
+        p2e = np.uint16(p2tab[abs(np.int32(guide[y, x]) - np.int32(guide[y, x + 1]))])
+        dst = 1 - src
+        mn = np.uint16(EDGE)
+        for d in range(n):
+            v = _sgm16(np.uint16(C[cy, x, d]), buf[src, d + 1], buf[src, d], buf[src, d + 2], m, p1, p2e)
+            buf[dst, d + 1] = v
+            S[y, x, d] += v
+            mn = min(mn, v)
+        m = mn
+        src = dst
+
+
+@njit(cache=CACHE, inline="always")
+def _horizontal_row_views(C, cy, guide, p1, p2tab, S, y):
+    """_horizontal_row, the loops over d through 1-D views of them."""
+    _, w, n = S.shape
+    buf = np.full((2, n + 2), EDGE, np.uint16)
+    m = np.uint16(EDGE)
+    for d in range(n):
+        v = np.uint16(C[cy, 0, d])
+        buf[0, d + 1] = v
+        S[y, 0, d] = v
+        m = min(m, v)
+    src = 0
+    for x in range(1, w):
+        p2e = np.uint16(p2tab[abs(np.int32(guide[y, x]) - np.int32(guide[y, x - 1]))])
+        dst = 1 - src
+        mn = np.uint16(EDGE)
+        a = buf[src]
+        b = buf[dst]
+        Sp = S[y, x]
+        Cp = C[cy, x]
+        for d in range(n):
+            v = _sgm16(np.uint16(Cp[d]), a[d + 1], a[d], a[d + 2], m, p1, p2e)
+            b[d + 1] = v
+            Sp[d] = v
+            mn = min(mn, v)
+        m = mn
+        src = dst
+    m = np.uint16(EDGE)
+    for d in range(n):
+        v = np.uint16(C[cy, w - 1, d])
+        buf[0, d + 1] = v
+        S[y, w - 1, d] += v
+        m = min(m, v)
+    src = 0
+    for x in range(w - 2, -1, -1):
+        p2e = np.uint16(p2tab[abs(np.int32(guide[y, x]) - np.int32(guide[y, x + 1]))])
+        dst = 1 - src
+        mn = np.uint16(EDGE)
+        a = buf[src]
+        b = buf[dst]
+        Sp = S[y, x]
+        Cp = C[cy, x]
+        for d in range(n):
+            v = _sgm16(np.uint16(Cp[d]), a[d + 1], a[d], a[d + 2], m, p1, p2e)
+            b[d + 1] = v
+            Sp[d] += v
+            mn = min(mn, v)
+        m = mn
+        src = dst
 
 
 @njit(cache=CACHE, inline="always")
