@@ -139,17 +139,22 @@ def test_sgm_vertical_sweeps_by_rows_and_by_lines_match_reference(rng, paths, h,
 
 
 @pytest.mark.parametrize("paths", [4, 8])
-@pytest.mark.parametrize("h,w,ndisp,min_d", [(9, 11, 6, 0), (16, 13, 8, -3), (4, 40, 6, 2), (7, 5, 12, 1)])
-def test_sgm_with_census_costs_computed_as_it_sweeps_matches_reference(rng, paths, h, w, ndisp, min_d):
+@pytest.mark.parametrize("h,w,ndisp,min_d", [(9, 11, 6, 0), (16, 13, 8, -3), (4, 40, 6, 2), (7, 5, 12, 1),
+                                             (5, 70, 64, -2), (6, 80, 72, 3)])
+def test_sgm_from_a_stored_volume_or_census_costs_computed_as_it_sweeps_matches_reference(rng, paths, h, w, ndisp,
+                                                                                          min_d):
     """Large volumes on the CPU are not stored: the SGM computes each pixel's census costs
-    from the census strings as its sweeps reach it. The sums of the reference SGM over the
-    reference census volume, with disparities outside the right image (a range wider than
-    the image, negative and positive offsets) and odd and even heights (the middle row
-    that both vertical sweeps add to)."""
+    from the census strings as its sweeps reach it. Either way, the sums of the reference
+    SGM over the reference census volume, with disparities outside the right image (a
+    range wider than the image, negative and positive offsets), odd and even heights (the
+    middle row that both vertical sweeps add to), and fewer and more than 64 disparities
+    (the horizontal sweep's two forms of its loops over d)."""
     from stereocli.stages import aggregate
     L, R = random_images(rng, h, w)
     guide = L.astype(np.uint8)
-    want = ref.sgm(ref.census_volume(L, R, min_d, ndisp, 9, 7), guide, 20, 200, True, paths)
+    C = ref.census_volume(L, R, min_d, ndisp, 9, 7)
+    want = ref.sgm(C, guide, 20, 200, True, paths)
+    np.testing.assert_array_equal(aggregate.sgm_cpu(C, guide, 20, 200, True, paths, by_lines=False), want)
     codes = cost.census_codes(cost.census_transform_cpu(L, 9, 7), cost.census_transform_cpu(R, 9, 7),
                               min_d, ndisp, 62)
     np.testing.assert_array_equal(aggregate.sgm_cpu(None, guide, 20, 200, True, paths, codes=codes), want)
