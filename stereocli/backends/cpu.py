@@ -62,9 +62,10 @@ class CpuBackend:
     # From this many volume cells (W x H x D) on, SGM computes the census costs from the
     # census strings as its sweeps reach each pixel (three times in all) instead of
     # reading a stored volume: 1 byte per cell less memory, for the same sums, but mostly
-    # slower (H100 machine's host, 16 threads, whole match, stored -> computed:
-    # 6000x4000/320 4.23 -> 4.74 s, 3000x2000/256 0.82 -> 0.90 s, 1920x1080/256 0.28 ->
-    # 0.28 s), so only where the volume would take 1 GiB or more.
+    # slower (benchmarks/large_pair.py --cpu-costs both, H100 machine's host, 16 threads,
+    # best whole match, stored -> computed: 6000x4000/320 4.23 -> 4.74 s, 3000x2000/256
+    # 0.76 -> 0.92 s, 1920x1080/256 0.23 -> 0.28 s), so only where the volume would take
+    # 1 GiB or more.
     CENSUS_ON_THE_FLY_CELLS = 1 << 30
 
     # Before a new volume this large, the C heap's free pages go back to the system: the
