@@ -1,4 +1,5 @@
 """CPU backend: NumPy arrays and the @njit(parallel=True) drivers of the stages."""
+import functools
 import math
 import time
 
@@ -20,21 +21,22 @@ def _meminfo(key):
     return None
 
 
+@functools.cache
+def _malloc_trim():
+    """glibc's malloc_trim, or None elsewhere."""
+    try:
+        import ctypes
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
 def _trim_heap():
-    """glibc's malloc_trim(0): free pages of every malloc heap back to the system (a no-op
-    elsewhere)."""
-    global _libc
-    if _libc is None:
-        try:
-            import ctypes
-            _libc = ctypes.CDLL("libc.so.6").malloc_trim
-        except (OSError, AttributeError):
-            _libc = False
-    if _libc:
-        _libc(0)
-
-
-_libc = None
+    """malloc_trim(0): free pages of every malloc heap back to the system (a no-op
+    without glibc)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def _resident_bytes():

@@ -199,10 +199,9 @@ def box_sum_u8_cpu(C, r):
 def sgm_horizontal_cpu(C, guide, p1, p2tab, S, tasks, codes=None):
     """S = L(+x) + L(-x): both horizontal paths of every row, in `tasks` parallel runs of
     neighbouring rows. The costs from the volume C, or with `codes` (cost.CensusCodes)
-    computed for each row as its turn comes, into a row buffer made once per run (made
-    per row, a 6000x320 row's 2 MB came fresh from the kernel every time). (Numba drops
-    the `codes` branches when codes is None, but types both when it is not: C must then
-    still be a uint8 volume, which goes unused.)"""
+    computed for each row as its turn comes, into a row buffer made once per run.
+    (Numba drops the `codes` branches when codes is None, but types both when it is
+    not: C must then still be a uint8 volume, which goes unused.)"""
     h, w, n = S.shape
     p1 = np.uint16(p1)
     tasks = max(1, min(tasks, h))
@@ -222,108 +221,47 @@ def _horizontal_row(C, cy, guide, p1, p2tab, S, y):
     """sgm_horizontal_cpu's work on row y, its costs in row cy of C: S[y] = L(+x), then
     S[y] += L(-x), each path's L at the previous pixel and this one in a small buffer
     made here (passed in from the caller, LLVM no longer vectorised the loops over d).
-    From 64 disparities on the loops over d index the arrays in place; below, they go
-    through 1-D views (2-core machine, one thread, this sweep: in place, 16 and 32
-    disparities ran 3-4x as long as through views; through views, 64 and 128 ran 20-35 %
-    longer than in place; a choice inside one loop ran 10x as long)."""
-    if S.shape[2] >= 64:
-        _horizontal_row_indexed(C, cy, guide, p1, p2tab, S, y)
-    else:
-        _horizontal_row_views(C, cy, guide, p1, p2tab, S, y)
-
-
-@njit(cache=CACHE, inline="always")
-def _horizontal_row_indexed(C, cy, guide, p1, p2tab, S, y):
-    """_horizontal_row, the loops over d indexing the arrays in place."""
+    From 64 disparities on a pixel's update indexes the arrays in place (_step); below,
+    it goes through 1-D views (_step_views). 2-core machine, one thread, this sweep: in
+    place, 16 and 32 disparities ran 3-4x as long as through views; through views, 64
+    and 128 ran 20-35 % longer than in place."""
     _, w, n = S.shape
     buf = np.full((2, n + 2), EDGE, np.uint16)
-    m = np.uint16(EDGE)
-    for d in range(n):
-        v = np.uint16(C[cy, 0, d])
-        buf[0, d + 1] = v
-        S[y, 0, d] = v
-        m = min(m, v)
+    m = _start(C, cy, S, y, 0, buf, 0, True)
     src = 0
     for x in range(1, w):
         p2e = np.uint16(p2tab[abs(np.int32(guide[y, x]) - np.int32(guide[y, x - 1]))])
-        dst = 1 - src
-        mn = np.uint16(EDGE)
-        for d in range(n):
-            v = _sgm16(np.uint16(C[cy, x, d]), buf[src, d + 1], buf[src, d], buf[src, d + 2], m, p1, p2e)
-            buf[dst, d + 1] = v
-            S[y, x, d] = v
-            mn = min(mn, v)
-        m = mn
-        src = dst
-    m = np.uint16(EDGE)
-    for d in range(n):
-        v = np.uint16(C[cy, w - 1, d])
-        buf[0, d + 1] = v
-        S[y, w - 1, d] += v
-        m = min(m, v)
+        if n >= 64:
+            m = _step(C, cy, S, y, x, buf, src, 1 - src, m, p1, p2e, True)
+        else:
+            m = _step_views(C, cy, S, y, x, buf, src, 1 - src, m, p1, p2e, True)
+        src = 1 - src
+    m = _start(C, cy, S, y, w - 1, buf, 0, False)
     src = 0
     for x in range(w - 2, -1, -1):
         p2e = np.uint16(p2tab[abs(np.int32(guide[y, x]) - np.int32(guide[y, x + 1]))])
-        dst = 1 - src
-        mn = np.uint16(EDGE)
-        for d in range(n):
-            v = _sgm16(np.uint16(C[cy, x, d]), buf[src, d + 1], buf[src, d], buf[src, d + 2], m, p1, p2e)
-            buf[dst, d + 1] = v
-            S[y, x, d] += v
-            mn = min(mn, v)
-        m = mn
-        src = dst
+        if n >= 64:
+            m = _step(C, cy, S, y, x, buf, src, 1 - src, m, p1, p2e, False)
+        else:
+            m = _step_views(C, cy, S, y, x, buf, src, 1 - src, m, p1, p2e, False)
+        src = 1 - src
 
 
 @njit(cache=CACHE, inline="always")
-def _horizontal_row_views(C, cy, guide, p1, p2tab, S, y):
-    """_horizontal_row, the loops over d through 1-D views of them."""
-    _, w, n = S.shape
-    buf = np.full((2, n + 2), EDGE, np.uint16)
-    m = np.uint16(EDGE)
+def _step_views(C, cy, S, y, x, buf, src, dst, mp, p1, p2, first):
+    """_step through 1-D views of the arrays: faster below 64 disparities, slower above."""
+    n = C.shape[2]
+    a = buf[src]
+    b = buf[dst]
+    Sp = S[y, x]
+    Cp = C[cy, x]
+    mn = np.uint16(EDGE)
     for d in range(n):
-        v = np.uint16(C[cy, 0, d])
-        buf[0, d + 1] = v
-        S[y, 0, d] = v
-        m = min(m, v)
-    src = 0
-    for x in range(1, w):
-        p2e = np.uint16(p2tab[abs(np.int32(guide[y, x]) - np.int32(guide[y, x - 1]))])
-        dst = 1 - src
-        mn = np.uint16(EDGE)
-        a = buf[src]
-        b = buf[dst]
-        Sp = S[y, x]
-        Cp = C[cy, x]
-        for d in range(n):
-            v = _sgm16(np.uint16(Cp[d]), a[d + 1], a[d], a[d + 2], m, p1, p2e)
-            b[d + 1] = v
-            Sp[d] = v
-            mn = min(mn, v)
-        m = mn
-        src = dst
-    m = np.uint16(EDGE)
-    for d in range(n):
-        v = np.uint16(C[cy, w - 1, d])
-        buf[0, d + 1] = v
-        S[y, w - 1, d] += v
-        m = min(m, v)
-    src = 0
-    for x in range(w - 2, -1, -1):
-        p2e = np.uint16(p2tab[abs(np.int32(guide[y, x]) - np.int32(guide[y, x + 1]))])
-        dst = 1 - src
-        mn = np.uint16(EDGE)
-        a = buf[src]
-        b = buf[dst]
-        Sp = S[y, x]
-        Cp = C[cy, x]
-        for d in range(n):
-            v = _sgm16(np.uint16(Cp[d]), a[d + 1], a[d], a[d + 2], m, p1, p2e)
-            b[d + 1] = v
-            Sp[d] += v
-            mn = min(mn, v)
-        m = mn
-        src = dst
+        v = _sgm16(np.uint16(Cp[d]), a[d + 1], a[d], a[d + 2], mp, p1, p2)
+        b[d + 1] = v
+        Sp[d] = v if first else Sp[d] + v
+        mn = min(mn, v)
+    return mn
 
 
 @njit(cache=CACHE, inline="always")
