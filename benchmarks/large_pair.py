@@ -6,7 +6,7 @@ sweeps (from 2^30 cells on it does the latter; peak memory is then the process's
 both).
 
     python benchmarks/large_pair.py [--size 6000x4000] [--ndisp 320] [--runs 5] [--cpu-runs 1]
-                                    [--cpu-costs auto|stored|on-the-fly|both] [--quick]
+                                    [--cpu-costs auto|stored|on-the-fly|both] [--max-memory MIB] [--quick]
 """
 import argparse
 import resource
@@ -25,6 +25,9 @@ def main():
     ap.add_argument("--runs", type=int, default=5, help="consecutive GPU runs after a warm-up")
     ap.add_argument("--cpu-runs", type=int, default=1)
     ap.add_argument("--devices", default="cuda,cpu")
+    ap.add_argument("--max-memory", type=int, metavar="MIB",
+                    help="as stereo match --max-memory: strips of that budget instead of the standard layout "
+                         "(e.g. 40000: one strip on an 80 GB GPU)")
     ap.add_argument("--cpu-costs", default="auto", choices=("auto", "stored", "on-the-fly", "both"),
                     help="the CPU's census costs: as the backend decides, stored, computed as SGM sweeps, or both")
     ap.add_argument("--quick", action="store_true", help="600x400, 32 disparities, CPU (a check that it runs)")
@@ -38,7 +41,10 @@ def main():
 
     from stereocli import config, pipeline
     from stereocli.backends import get_backend
-    params = config.load("default", None, {"num_disparities": args.ndisp})
+    overrides = {"num_disparities": args.ndisp}
+    if args.max_memory:
+        overrides["max_memory"] = args.max_memory
+    params = config.load("default", None, overrides)
     maps = {}
     for device in args.devices.split(","):
         runs = args.runs if device == "cuda" else args.cpu_runs

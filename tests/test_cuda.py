@@ -129,7 +129,7 @@ def select_on_gpu(agg, *args):
 
 
 @pytest.mark.parametrize("uniq,subpix", [(0.0, False), (10.0, True)])
-@pytest.mark.parametrize("min_d", [-1, 3])
+@pytest.mark.parametrize("min_d", [-1, 3, -12])  # (-12: right pixels no left pixel reaches)
 def test_select_bit_exact(rng, uniq, subpix, min_d):
     """Left and right winner-takes-all on an aggregated volume (uint16 and uint8)."""
     for S in (rng.integers(0, 3000, (5, 12, 8)).astype(np.uint16), rng.integers(0, 256, (4, 9, 7)).astype(np.uint8)):
