@@ -4,6 +4,7 @@ stereocli/backends/cuda/ (one module per stage, named like stereocli/stages/).
 Data stays on the GPU from upload to download. Allocation failures become a
 StereoError that names the size asked for.
 """
+import mmap
 import threading
 import time
 import weakref
@@ -143,7 +144,7 @@ class PathVolumes:
         return self.sp.shape[1:]
 
 
-PAGE = 4096
+PAGE = mmap.PAGESIZE
 
 
 def _touch_pages(host):
