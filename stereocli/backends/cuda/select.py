@@ -1,5 +1,6 @@
 """The selection kernel (stages/select.py on the GPU): adds SGM's direction volumes as it reads them, and finds the left and right winner-takes-all disparities in one pass."""
 import math
+import os
 
 from numba import cuda, float32, int32, uint32, uint64
 
@@ -16,7 +17,35 @@ NO_KEY = 0x7FFFFFFF
 NO_RUNNER = _sel.NO_RUNNER  # the uniqueness runner-up when there is none (margin_confidence: 1)
 
 
-def _make_select_kernel(vec, HOLD):
+def _group_exchange(P):
+    """(min over a pixel's group of P lanes, the value of lane src of the group): warp
+    shuffles within aligned groups, every lane of the warp taking part; under the
+    simulator (P = SGM_LANES, one group a warp) the shared-memory twins."""
+    if SIM:
+        @cuda.jit(device=True, inline=True)
+        def gmin(v, scratch, w, lane):
+            return warp_min(v, scratch, w, lane)
+
+        @cuda.jit(device=True, inline=True)
+        def gfrom(v, src, scratch, w, lane):
+            return from_lane(v, src, scratch, w, lane)
+        return gmin, gfrom
+
+    @cuda.jit(device=True, inline=True)
+    def gmin(v, scratch, w, lane):
+        off = P // 2
+        while off > 0:
+            v = min(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, off))
+            off //= 2
+        return v
+
+    @cuda.jit(device=True, inline=True)
+    def gfrom(v, src, scratch, w, lane):
+        return cuda.shfl_sync(0xFFFFFFFF, v, int32(lane - lane % P + src))
+    return gmin, gfrom
+
+
+def _make_select_kernel(vec, HOLD, P):
     """Winner-takes-all for the left image and, in the same pass, for the right image,
     reading the nv direction volumes of SGM (or one aggregated volume) and adding them
     as it goes: the sum is never stored. `vec`: uint16 volumes read as uint64 words of
@@ -25,17 +54,19 @@ def _make_select_kernel(vec, HOLD):
     second pass.
 
     Block (segment, y) owns the right pixels xr of one segment of row y and the left
-    pixels x of the same columns. A group of SGM_LANES lanes (a warp) takes one left
-    pixel at a time, its lanes striding over d: the key cost << shift | d reduced with
-    shuffles gives the smallest cost and its first index at once (the CPU's tie rule),
-    a second pass the uniqueness runner-up, the subpixel neighbours come from the lanes
-    holding them; lane 0 ends with the CPU's wta_finish. For the right image every
-    (x, d) whose right pixel lies in the segment does an atomic min of the same key on
-    that pixel's shared slot: the first d of the smallest cost, as the CPU's
-    wta_right_at. Left pixels outside the segment (up to D - 1 + |min_d| columns beside
-    it) are visited for that alone."""
+    pixels x of the same columns. A group of P lanes takes one left pixel (a warp
+    32 / P of them side by side), its lanes striding over d: the key cost << shift | d
+    reduced with shuffles gives the smallest cost and its first index at once (the
+    CPU's tie rule), a second pass the uniqueness runner-up, the subpixel neighbours
+    come from the lanes holding them; the group's first lane ends with the CPU's
+    wta_finish. For the right image every (x, d) whose right pixel lies in the segment
+    does an atomic min of the same key on that pixel's shared slot: the first d of the
+    smallest cost, as the CPU's wta_right_at. Left pixels outside the segment (up to
+    D - 1 + |min_d| columns beside it) are visited for that alone."""
     LANES = SGM_LANES
+    PIX = LANES // P  # pixels a warp takes at once
     PER = 4 if vec else 1  # disparities per read
+    gmin, gfrom = _group_exchange(P)
 
     @cuda.jit(device=True, inline=True)
     def read(V, nv, base, i):
@@ -55,9 +86,9 @@ def _make_select_kernel(vec, HOLD):
 
     @cuda.jit(device=True, inline=True)
     def held_value(held, d):
-        """This lane's candidate for cost d: field d % 4 of its held read (d // 4) // LANES
-        (the lane (d // 4) % LANES holds the right one)."""
-        k = (d >> 2) // LANES
+        """This lane's candidate for cost d: field d % 4 of its held read (d // 4) // P
+        (the lane (d // 4) % P of the group holds the right one)."""
+        k = (d >> 2) // P
         acc = uint64(0)
         for kk in range(HOLD):
             if kk == k:
@@ -75,11 +106,13 @@ def _make_select_kernel(vec, HOLD):
         tid = cuda.threadIdx.x
         w = tid // LANES
         lane = tid % LANES
+        sub = int32(lane // P)  # this lane's pixel among the warp's PIX
+        gl = int32(lane % P)  # its place in that pixel's group
         for i in range(tid, b - a, cuda.blockDim.x):
             rkey[i] = NO_KEY
         cuda.syncthreads()
         reads = int32((n + PER - 1) // PER)
-        rounds = HOLD if vec else (reads + LANES - 1) // LANES  # reads per lane
+        rounds = HOLD if vec else (reads + P - 1) // P  # reads per lane
         mask = int32((1 << shift) - 1)
         shift32 = int32(shift)
         seg = int32(b - a)
@@ -91,25 +124,28 @@ def _make_select_kernel(vec, HOLD):
         # Per pixel in 32-bit arithmetic (each result cast back: Numba widens int32
         # arithmetic to int64, which the GPU runs as two instructions): the kernel is bound
         # by the instructions it issues (ncu at 1920x1080/128: 71 % of the SMs' issue
-        # rate, 420 instructions a pixel). H100, selection ms before / after: 741x500
-        # 0.252 / 0.219, 1242x375 0.322 / 0.283, 1920x1080/128 1.33 / 1.18, 3840x2160
-        # 7.82 / 7.47. The pixel's first read in V: row (the block's row, once) + x * reads.
+        # rate, 420 instructions a pixel with a warp a pixel). H100, selection ms before /
+        # after: 741x500 0.252 / 0.219, 1242x375 0.322 / 0.283, 1920x1080/128 1.33 / 1.18,
+        # 3840x2160 7.82 / 7.47. The pixel's first read in V: row (the block's row, once)
+        # + x * reads. Every lane of a warp runs the shuffles, whether its pixel exists
+        # (`there`) or is its block's (`mine`) or not: only the writes are conditional.
         lo0 = int32(wd - 1 + min_d)  # lo = max(0, x - lo0), hi = min(n - 1, x - min_d): inside_range
         n1 = int32(n - 1)
         min_d32 = int32(min_d)
         shift0 = int32(cst.right_x(0, min_d, 0) - a)  # right pixel (in the segment) of d = 0 at x = 0
         row = uint64(y) * uint64(wd) * uint64(reads)
-        for x in range(xs + w, xe + 1, SELECT_WARPS):
-            x32 = int32(x)
+        for xb in range(xs + w * PIX, xe + 1, SELECT_WARPS * PIX):
+            x32 = int32(xb + sub)
+            there = x32 <= xe
             lo = int32(max(int32(0), int32(x32 - lo0)))
             hi = int32(min(n1, int32(x32 - min_d32)))
             shiftx = int32(x32 + shift0)
-            base = row + uint64(x32) * uint64(reads)
+            base = row + uint64(min(x32, int32(wd - 1))) * uint64(reads)
             kmin = int32(NO_KEY)
             for k in range(rounds):
-                i = int32(lane + LANES * k)
+                i = int32(gl + P * k)
                 acc = uint64(0)
-                if i < reads:
+                if there and i < reads:
                     acc = read(V, nv, base, i)
                     for j in range(PER):
                         d = int32(PER * i + j)
@@ -121,43 +157,44 @@ def _make_select_kernel(vec, HOLD):
                                 cuda.atomic.min(rkey, xr, key)
                 if vec:
                     held[k] = acc
-            if x >= a and x < b:  # a pixel of this block: its left disparity
-                kmin = warp_min(kmin, scratch, w, lane)
-                if hi < lo:
-                    if lane == 0:
-                        out[y, x] = float32(math.nan)
-                        if confidence:
-                            out_c[y, x] = float32(0.0)
-                else:
-                    best = int32(kmin & mask)
-                    bc = int32(kmin >> shift32)
-                    other = int32(NO_RUNNER)
-                    if uniqueness > float32(0.0) or confidence:
-                        below, above = int32(best - 1), int32(best + 1)
-                        for k in range(rounds):
-                            i = int32(lane + LANES * k)
-                            if i < reads:
-                                acc = held[k] if vec else read(V, nv, base, i)
-                                for j in range(PER):
-                                    d = int32(PER * i + j)
-                                    if d >= lo and d <= hi and (d < below or d > above):
-                                        other = min(other, value(acc, j))
-                        other = warp_min(other, scratch, w, lane)
+            kmin = gmin(kmin, scratch, w, lane)
+            best = int32(kmin & mask)
+            bc = int32(kmin >> shift32)
+            other = int32(NO_RUNNER)
+            if uniqueness > float32(0.0) or confidence:
+                below, above = int32(best - 1), int32(best + 1)
+                for k in range(rounds):
+                    i = int32(gl + P * k)
+                    if there and i < reads:
+                        acc = held[k] if vec else read(V, nv, base, i)
+                        for j in range(PER):
+                            d = int32(PER * i + j)
+                            if d >= lo and d <= hi and (d < below or d > above):
+                                other = min(other, value(acc, j))
+                other = gmin(other, scratch, w, lane)
+            c0 = int32(0)
+            c2 = int32(0)
+            inner = subpixel and best > lo and best < hi
+            if subpixel and vec:
+                dm = int32(min(max(best - 1, int32(0)), n1))  # (clamped: every lane shuffles)
+                dp = int32(min(max(best + 1, int32(0)), n1))
+                c0 = gfrom(held_value(held, dm), int32((dm >> 2) % P), scratch, w, lane)
+                c2 = gfrom(held_value(held, dp), int32((dp >> 2) % P), scratch, w, lane)
+                if not inner:
                     c0 = int32(0)
                     c2 = int32(0)
-                    if subpixel and best > lo and best < hi:
-                        if vec:
-                            c0 = from_lane(held_value(held, best - 1), int32(((best - 1) >> 2) % LANES), scratch, w,
-                                           lane)
-                            c2 = from_lane(held_value(held, best + 1), int32(((best + 1) >> 2) % LANES), scratch, w,
-                                           lane)
-                        elif lane == 0:
-                            c0 = int32(read(V, nv, base, best - 1))
-                            c2 = int32(read(V, nv, base, best + 1))
-                    if lane == 0:
-                        out[y, x] = sel.wta_finish(best, bc, other, c0, c2, lo, hi, min_d, uniqueness, subpixel)
-                        if confidence:
-                            out_c[y, x] = sel.margin_confidence(bc, other)
+            elif inner and gl == 0 and there:
+                c0 = int32(read(V, nv, base, best - 1))
+                c2 = int32(read(V, nv, base, best + 1))
+            if gl == 0 and there and x32 >= a and x32 < b:  # a pixel of this block: its left disparity
+                if hi < lo:
+                    out[y, x32] = float32(math.nan)
+                    if confidence:
+                        out_c[y, x32] = float32(0.0)
+                else:
+                    out[y, x32] = sel.wta_finish(best, bc, other, c0, c2, lo, hi, min_d, uniqueness, subpixel)
+                    if confidence:
+                        out_c[y, x32] = sel.margin_confidence(bc, other)
         if right:
             cuda.syncthreads()
             for i in range(tid, b - a, cuda.blockDim.x):
@@ -170,10 +207,25 @@ def _make_select_kernel(vec, HOLD):
 _SELECT_KERNELS = {}
 
 
+# Packed words a lane holds (vec): a pixel takes P lanes, the fewest (a power of two, up
+# to a warp) that hold its D / 4 words SELECT_WORDS to a lane, so a warp takes 32 / P
+# pixels at once and the shuffles and the finish of a pixel are shared among them.
+# H100, benchmarks/gpu.py selection ms, a warp a pixel (SELECT_WORDS=1) / 4 words a lane,
+# two runs each alternated, the same both times: 741x500/64 0.124 / 0.085, 741x500/128
+# 0.24 / 0.165, 1242x375/128 0.305 / 0.216, 1920x1080/128 1.27 / 0.877, 1920x1080/256
+# 2.11 / 1.72, 3840x2160/256 7.54 / 6.15. STEREOCLI_SELECT_WORDS sets it (tuning).
+SELECT_WORDS = int(os.environ.get("STEREOCLI_SELECT_WORDS", "4"))
+
+
 def select_kernel_for(vec, n):
     """The selection kernel for D = n disparities; vec: packed words, each lane holding
-    ceil(D / 4 / lanes) of them."""
-    hold = (n // 4 + SGM_LANES - 1) // SGM_LANES if vec else 1
-    if (vec, hold) not in _SELECT_KERNELS:
-        _SELECT_KERNELS[(vec, hold)] = _make_select_kernel(vec, hold)
-    return _SELECT_KERNELS[(vec, hold)]
+    ceil(D / 4 / P) of them."""
+    P = SGM_LANES
+    if vec and not SIM:
+        P = 1
+        while P < SGM_LANES and P * SELECT_WORDS < n // 4:
+            P *= 2
+    hold = (n // 4 + P - 1) // P if vec else 1
+    if (vec, hold, P) not in _SELECT_KERNELS:
+        _SELECT_KERNELS[(vec, hold, P)] = _make_select_kernel(vec, hold, P)
+    return _SELECT_KERNELS[(vec, hold, P)]
