@@ -106,15 +106,26 @@ def test_ctrl_c_on_a_video_file_leaves_no_video(tmp_path, videos):
     v.release()
     out = tmp_path / "out"
     out.mkdir()
-    p = subprocess.Popen([sys.executable, "-m", "stereocli.cli", "video", str(long), "-o", str(out / "d.mp4"),
-                          "--maps-dir", str(out / "maps"), "-n", "16", "--device", "cpu"],
-                         stderr=subprocess.PIPE, text=True)
+    args = ["stereo", "video", str(long), "-o", str(out / "d.mp4"), "--maps-dir", str(out / "maps"), "-n", "16",
+            "--device", "cpu"]
+    # `stereo` as `python -m stereocli.cli` runs it, with SIGUSR1 dumping every thread's
+    # stack: a run that does not stop says where it hangs (it did once in CI, under load)
+    boot = ("import faulthandler, runpy, signal, sys; faulthandler.register(signal.SIGUSR1, all_threads=True); "
+            f"sys.argv = {args!r}; runpy.run_module('stereocli.cli', run_name='__main__', alter_sys=True)")
+    p = subprocess.Popen([sys.executable, "-c", boot], stderr=subprocess.PIPE, text=True)
     maps_dir = out / "maps"
     deadline = time.time() + 120
     while time.time() < deadline and not (maps_dir.exists() and any(maps_dir.glob("*.png"))):
         time.sleep(0.05)
     p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=120)
+    try:
+        _, err = p.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        p.kill()
+        _, err = p.communicate()
+        pytest.fail(f"stereo video still ran 120 s after Ctrl-C; its threads then:\n{err[-6000:]}")
     assert p.returncode == 130, err
     assert [x.name for x in out.iterdir()] == ["maps"]
     maps = sorted(maps_dir.iterdir())
