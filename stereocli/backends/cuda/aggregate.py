@@ -5,7 +5,7 @@ import os
 from numba import cuda, int32, uint16, uint32, uint64
 
 from ...stages import aggregate as _agg
-from .common import _REGS, BIG, CACHE, SGM_K, SGM_LANES, SGM_WARPS, SIM, _volume_index, from_lane_above, from_lane_below, warp_min, device_twins
+from .common import _REGS, BIG, CACHE, SGM_K, SGM_LANES, SGM_WARPS, SIM, _volume_index, from_lane_above, from_lane_below, group_min_for, warp_min, device_twins
 
 agg = device_twins(_agg)  # the stage's shared arithmetic, as device functions
 
@@ -46,13 +46,7 @@ def _group_exchange(G):
     if SIM:
         return warp_min, from_lane_below, from_lane_above
 
-    @cuda.jit(device=True, inline=True)
-    def group_min(v, scratch, w, gl):
-        off = G // 2
-        while off > 0:
-            v = min(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, off))
-            off //= 2
-        return v
+    group_min = group_min_for(G)
 
     @cuda.jit(device=True, inline=True)
     def below(v, scratch, w, gl):

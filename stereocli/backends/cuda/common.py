@@ -141,6 +141,20 @@ else:
         return cuda.shfl_sync(0xFFFFFFFF, v, src)
 
 
+def group_min_for(G):
+    """group_min(v, scratch, w, gl): the min of v over an aligned group of G lanes of a
+    warp (G a power of two up to 32), by shuffles in which every lane of the warp takes
+    part (the GPU's; the simulator has warp_min's shared-memory twin)."""
+    @cuda.jit(device=True, inline=True)
+    def group_min(v, scratch, w, gl):
+        off = G // 2
+        while off > 0:
+            v = min(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, off))
+            off //= 2
+        return v
+    return group_min
+
+
 @cuda.jit(device=True, inline=True)
 def _volume_index(w, n):
     """(y, x, d, inside) of this thread's element of a (h, w, n) volume, d fastest (so

@@ -6,7 +6,7 @@ from numba import cuda, float32, int32, uint32, uint64
 
 from ...stages import cost as _cost
 from ...stages import select as _sel
-from .common import _REGS, CACHE, SGM_LANES, SIM, from_lane, warp_min, device_twins
+from .common import _REGS, CACHE, SGM_LANES, SIM, from_lane, group_min_for, warp_min, device_twins
 
 cst = device_twins(_cost)  # the stage's shared arithmetic, as device functions
 sel = device_twins(_sel)  # the stage's shared arithmetic, as device functions
@@ -31,13 +31,7 @@ def _group_exchange(P):
             return from_lane(v, src, scratch, w, lane)
         return gmin, gfrom
 
-    @cuda.jit(device=True, inline=True)
-    def gmin(v, scratch, w, lane):
-        off = P // 2
-        while off > 0:
-            v = min(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, off))
-            off //= 2
-        return v
+    gmin = group_min_for(P)
 
     @cuda.jit(device=True, inline=True)
     def gfrom(v, src, scratch, w, lane):
