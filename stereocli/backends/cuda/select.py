@@ -22,14 +22,7 @@ def _group_exchange(P):
     shuffles within aligned groups, every lane of the warp taking part; under the
     simulator (P = SGM_LANES, one group a warp) the shared-memory twins."""
     if SIM:
-        @cuda.jit(device=True, inline=True)
-        def gmin(v, scratch, w, lane):
-            return warp_min(v, scratch, w, lane)
-
-        @cuda.jit(device=True, inline=True)
-        def gfrom(v, src, scratch, w, lane):
-            return from_lane(v, src, scratch, w, lane)
-        return gmin, gfrom
+        return warp_min, from_lane
 
     gmin = group_min_for(P)
 
@@ -122,7 +115,7 @@ def _make_select_kernel(vec, HOLD, P):
         # after: 741x500 0.252 / 0.219, 1242x375 0.322 / 0.283, 1920x1080/128 1.33 / 1.18,
         # 3840x2160 7.82 / 7.47. The pixel's first read in V: row (the block's row, once)
         # + x * reads. Every lane of a warp runs the shuffles, whether its pixel exists
-        # (`there`) or is its block's (`mine`) or not: only the writes are conditional.
+        # (`there`) and is its block's or not: only the reads and writes are conditional.
         lo0 = int32(wd - 1 + min_d)  # lo = max(0, x - lo0), hi = min(n - 1, x - min_d): inside_range
         n1 = int32(n - 1)
         min_d32 = int32(min_d)
