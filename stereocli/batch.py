@@ -475,6 +475,30 @@ def default_threads() -> int:
 # 4000 pairs in 16 threads): 498 pairs/s with OpenCV's default, 694 with one thread.
 # None leaves OpenCV's setting alone.
 CODEC_CV2_THREADS: int | None = 1
+_cv2_lock = threading.Lock()
+_cv2_holds = [0, None]  # batches holding OpenCV at CODEC_CV2_THREADS, and its setting before the first
+
+
+def _hold_codec_threads(threads: int) -> bool:
+    """OpenCV at CODEC_CV2_THREADS while batches with several codec threads run (True if
+    this one holds it; release with _release_codec_threads). It is a process-wide
+    setting and a Dask worker runs several chunks (batch.run calls) at once, so the
+    setting from before the first hold comes back when the last is released."""
+    if CODEC_CV2_THREADS is None or threads <= 1:
+        return False
+    with _cv2_lock:
+        if _cv2_holds[0] == 0:
+            _cv2_holds[1] = cv2.getNumThreads()
+            cv2.setNumThreads(CODEC_CV2_THREADS)
+        _cv2_holds[0] += 1
+    return True
+
+
+def _release_codec_threads() -> None:
+    with _cv2_lock:
+        _cv2_holds[0] -= 1
+        if _cv2_holds[0] == 0:
+            cv2.setNumThreads(_cv2_holds[1])
 
 
 def run(pairs, params, backend, ext: str, *, threads: int = 4, skip_existing: bool = False,
@@ -490,9 +514,6 @@ def run(pairs, params, backend, ext: str, *, threads: int = 4, skip_existing: bo
     summary = summary if summary is not None else Summary()
     report = summary.reporter(on_event)
     start = time.perf_counter()
-    cv2_threads = cv2.getNumThreads()
-    if CODEC_CV2_THREADS is not None and threads > 1:
-        cv2.setNumThreads(CODEC_CV2_THREADS)
     lookahead = max(2, 2 * threads)
     readers = ThreadPoolExecutor(threads, thread_name_prefix="stereo-read")
     writers = ThreadPoolExecutor(threads, thread_name_prefix="stereo-write")
@@ -534,6 +555,7 @@ def run(pairs, params, backend, ext: str, *, threads: int = 4, skip_existing: bo
                 finish(block=False)
 
     feeder = threading.Thread(target=feed, name="stereo-feed", daemon=True)
+    held = _hold_codec_threads(threads)  # (before the first read)
     feeder.start()
     try:
         while True:
@@ -577,7 +599,8 @@ def run(pairs, params, backend, ext: str, *, threads: int = 4, skip_existing: bo
     finally:
         readers.shutdown(wait=False, cancel_futures=True)
         writers.shutdown(wait=True)
-        cv2.setNumThreads(cv2_threads)
+        if held:
+            _release_codec_threads()
         summary.seconds = time.perf_counter() - start
     return summary
 

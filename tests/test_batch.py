@@ -328,3 +328,49 @@ def test_batch_writes_previews_depth_and_clouds_with_a_calibration_per_scene(tmp
     r = stereo("batch", tmp_path / "mb", tmp_path / "mb", "-o", tmp_path / "out2", "--left-glob", "*/im0.png",
                "--right-glob", "*/im1.png", "--depth-dir", tmp_path / "d2", *N)
     assert r.returncode == 2 and "--focal" in r.stderr  # no camera: refused before any work
+
+
+def test_batches_at_once_hold_opencv_at_one_thread_and_give_the_callers_setting_back(tmp_path, crops):
+    """batch.run keeps OpenCV's own pool at one thread while its reader and writer threads
+    run; a Dask worker runs several batches at once, and the caller's setting must come
+    back when the last ends, not when the first does."""
+    import threading
+
+    from stereocli import config
+    from stereocli.backends.cpu import CpuBackend
+    for side, k in (("left", 0), ("right", 1)):
+        (tmp_path / side).mkdir()
+        for i, pair in enumerate(crops):
+            cv2.imwrite(str(tmp_path / side / f"{i}.png"), pair[k])
+    params, backend = config.load("default", None, {"num_disparities": 16}), CpuBackend()
+    both_in = threading.Barrier(2, timeout=60)  # each batch's first match waits for the other's
+    device = threading.Lock()  # then one match at a time, as a Dask worker's device thread runs them
+    seen, summaries = [], []
+
+    def one(name):
+        first = [True]
+
+        def compute(fn, *args, **kw):
+            if first[0]:
+                first[0] = False
+                both_in.wait()
+            with device:
+                return fn(*args, **kw)
+
+        pairs = B.find_pairs(tmp_path / "left", tmp_path / "right", tmp_path / name, ".pfm")
+        summaries.append(B.run(pairs, params, backend, ".pfm", threads=2, compute=compute,
+                               on_event=lambda ev: seen.append(cv2.getNumThreads())))
+
+    before = cv2.getNumThreads()
+    cv2.setNumThreads(3)
+    try:
+        runs = [threading.Thread(target=one, args=(name,)) for name in ("a", "b")]
+        for t in runs:
+            t.start()
+        for t in runs:
+            t.join()
+        assert [s.done for s in summaries] == [3, 3]
+        assert seen == [1] * 6
+        assert cv2.getNumThreads() == 3
+    finally:
+        cv2.setNumThreads(before)
