@@ -138,6 +138,22 @@ def test_sgm_vertical_sweeps_by_rows_and_by_lines_match_reference(rng, paths, h,
         np.testing.assert_array_equal(aggregate.sgm_cpu(C, guide, 20, 200, True, paths, by_lines), want)
 
 
+@pytest.mark.parametrize("h,w,bands,steps", [(9, 11, 2, 3), (9, 11, 3, 2), (17, 13, 1, 32), (20, 40, 5, 5),
+                                             (7, 24, 4, 4), (6, 9, 2, 2)])
+def test_sgm_vertical_sweeps_in_tiles_match_reference(rng, h, w, bands, steps):
+    """With many threads the 8-path vertical sweeps go in tiles (column bands, several
+    rows a fork): for any bands and rows per fork the reference's sums, the rows where
+    the sweeps down and up meet included (steps of more than half the height)."""
+    from stereocli.stages import aggregate
+    C = rng.integers(0, 256, (h, w, 6)).astype(np.uint8)
+    guide = rng.integers(0, 256, (h, w)).astype(np.uint8)
+    p2tab = aggregate.p2_table(20, 200, True)
+    S = np.empty((h, w, 6), np.uint16)
+    aggregate.sgm_horizontal_cpu(C, guide, np.int32(20), p2tab, S, 2)
+    aggregate.sgm_vertical3_cpu(C, guide, np.int32(20), p2tab, S, bands, steps)
+    np.testing.assert_array_equal(S, ref.sgm(C, guide, 20, 200, True, 8))
+
+
 @pytest.mark.parametrize("paths", [4, 8])
 @pytest.mark.parametrize("h,w,ndisp,min_d", [(9, 11, 6, 0), (16, 13, 8, -3), (4, 40, 6, 2), (7, 5, 12, 1),
                                              (5, 70, 64, -2), (6, 80, 72, 3)])

@@ -192,7 +192,9 @@ def box_sum_u8_cpu(C, r):
 # directions (rows in parallel), then a raster pass downwards for every direction that
 # comes from the row above and, in the same steps, one upwards for those from the row
 # below (the pixels of the two rows in parallel), each keeping only the previous row's
-# path costs. OpenCV's 8-path mode walks the image this way, on one thread.
+# path costs. OpenCV's 8-path mode walks the image this way, on one thread. With 8
+# paths the downward and upward passes go in tiles of up to 32 rows (a fork per tile
+# row instead of per row: sgm_vertical3_cpu).
 
 
 @njit(parallel=True, cache=CACHE)
@@ -380,35 +382,79 @@ def sgm_vertical_cpu(C, guide, p1, p2tab, S, dxs, codes=None):
                 _row_pixel(Cb, cu, guide, p1, p2tab, S, lines, mins, src, dst, 1, i == 0, up, x, dxs, -1)
 
 
+@njit(cache=CACHE, inline="always")
+def _tile3(Cb, codes, guide, p1, p2tab, S, lines, mins, q, b, B, phase, s, e, zero):
+    """sgm_vertical3_cpu's task: steps s..e-1 of sweep q (0: down, 1: up) over
+    band b's tile of the phase (0: the band narrowing by a pixel at each side per step;
+    1: the gap between bands b - 1 and b widening as much, the pixels the first phase
+    left out). Every pixel's three predecessors in the row before are done by then:
+    in this tile, earlier, or in the first phase's tiles."""
+    h, w, n = S.shape
+    c0 = b * w // B
+    c1 = (b + 1) * w // B
+    dy = 1 if q == 0 else -1
+    for i in range(s, e):
+        j = i - s
+        dst = i & 1
+        y = i if q == 0 else h - 1 - i
+        if phase == 0:
+            lo = c0 + j if b > 0 else 0
+            hi = c1 - j if b < B - 1 else w
+        elif b > 0:
+            lo = c0 - j
+            hi = c0 + j
+        else:  # (no gap before the first band)
+            return
+        for x in range(lo, hi):
+            cy = y
+            if codes is not None:
+                census_pixel_costs(codes, y, x, Cb, q)
+                cy = q
+            _row_pixel3(Cb, cy, guide, p1, p2tab, S, lines, mins, 1 - dst, dst, q, i == 0, y, x, dy, zero)
+
+
 @njit(parallel=True, cache=CACHE)
-def sgm_vertical3_cpu(C, guide, p1, p2tab, S, codes=None):
+def sgm_vertical3_cpu(C, guide, p1, p2tab, S, B, K, codes=None):
     """sgm_vertical_cpu for dxs = (0, 1, -1) (8 paths), each pixel's three directions in
-    one loop over d (_row_pixel3). The loops are sgm_vertical_cpu's, written out again:
-    choosing the pixel function inside them cost back most of the gain."""
+    one loop over d (_row_pixel3), with one fork per K steps and phase instead of one per
+    step: the columns in B bands, each step's rows in two phases of tiles (diamond
+    tiling, see _tile3) whose pixels depend only on pixels of earlier steps done in the
+    same tile or in an earlier phase. K <= (narrowest band) / 2 + 1 keeps the gaps of
+    the second phase apart. Both sweeps' tiles run in one fork, but for the steps whose
+    rows of the sweep down meet those of the sweep up (the middle of the image: both
+    add to S there), which take a fork per sweep."""
     h, w, n = S.shape
     p1 = np.uint16(p1)
     zero = 2 * 2 * 3 * w  # (the last row: see _row_pixel3)
     lines = np.full((zero + 1, n + 2), EDGE, np.uint16)  # row _line_row(parity, sweep, direction, x)
     mins = np.zeros((2, 2, 3, w), np.uint16)
-    Cb = C if codes is None else np.empty((2, w, n), np.uint8)
-    for i in range(h):
-        dst = i & 1
-        src = 1 - dst
-        down, up = i, h - 1 - i
-        cd, cu = (down, up) if codes is None else (0, 1)
-        if codes is not None:
-            _cost_rows(codes, down, up, Cb)
-        if down != up:
-            for j in prange(2 * w):
-                if j < w:
-                    _row_pixel3(Cb, cd, guide, p1, p2tab, S, lines, mins, src, dst, 0, i == 0, down, j, 1, zero)
-                else:
-                    _row_pixel3(Cb, cu, guide, p1, p2tab, S, lines, mins, src, dst, 1, i == 0, up, j - w, -1, zero)
-        else:
-            for x in prange(w):
-                _row_pixel3(Cb, cd, guide, p1, p2tab, S, lines, mins, src, dst, 0, i == 0, down, x, 1, zero)
-            for x in prange(w):
-                _row_pixel3(Cb, cu, guide, p1, p2tab, S, lines, mins, src, dst, 1, i == 0, up, x, -1, zero)
+    Cb = C if codes is None else np.empty((2, w, n), np.uint8)  # (row q: sweep q's pixel costs, by x)
+    for s in range(0, h, K):
+        e = min(s + K, h)
+        apart = e - 1 < h - e or h - 1 - s < s  # rows s..e-1 and h-e..h-1-s share none
+        for phase in range(2):
+            if apart:
+                for t in prange(2 * B):
+                    _tile3(Cb, codes, guide, p1, p2tab, S, lines, mins, t // B, t % B, B, phase, s, e, zero)
+            else:
+                for q in range(2):
+                    for b in prange(B):
+                        _tile3(Cb, codes, guide, p1, p2tab, S, lines, mins, q, b, B, phase, s, e, zero)
+
+
+# Steps per fork of sgm_vertical3_cpu (at most; the bands may allow fewer). H100
+# machine's host, 16 threads, 1482x1000x128, the three sweeps: 8 steps 61.6 ms, 16
+# 46.1, 32 47.5, 46 46.6 (a fork per step, the raster passes before: 89.0 in that run).
+TILE_STEPS = 32
+
+
+def vertical_tiles(w, threads):
+    """(bands, steps per fork) for sgm_vertical3_cpu: a band per thread (at least 4
+    columns wide), as many steps per fork as the bands allow, at most TILE_STEPS."""
+    B = max(1, min(threads, w // 4))
+    if B == 1:
+        return 1, TILE_STEPS
+    return B, max(1, min(TILE_STEPS, (w // B) // 2))
 
 
 @njit(parallel=True, cache=CACHE)
@@ -457,12 +503,17 @@ def sgm_vertical_lines_cpu(C, guide, p1, p2tab, S, dx, per_task, threads):
                                                   False)
 
 
-# Which vertical sweeps: the raster passes (one fork per row) touch the volumes twice; by
-# lines (sgm_vertical_lines_cpu: one fork per direction) six times. On the H100
-# machine's 16-core host, 16 threads, aggregation: teddy 450x375/64 8.0-11.0 ms ->
-# 5.7-6.0 ms and cones@741x500/64 15.7-22.2 -> 12.0-14.6 by lines, but 1280x720/128
-# 59 ms by raster against 64-69 by lines (memory-bound there); one thread, and two on
-# the 2-core machine, favour the raster passes. Both give the same sums.
+# Which vertical sweeps: in tiles (sgm_vertical3_cpu, 8 paths: a fork per 32 rows and
+# phase) or raster passes (sgm_vertical_cpu, 4 paths: a fork per row), which touch the
+# volumes twice; by lines (sgm_vertical_lines_cpu: one fork per direction) six times.
+# On the H100 machine's 16-core host, 16 threads, 8 paths, the three sweeps alternated
+# in one process (fourteenth session, random costs), min ms tiles / lines / raster:
+# 450x375x64 5.1 / 3.3 / 7.5, 741x500x64 9.0 / 7.8 / 15.8, 1280x720x128 31.2 / 37.6 /
+# 52.5, 1482x1000x128 44.3 / 64.1 / 60.4 (8 threads: 83.4 / 99.0 / 91.0); the
+# volumes up to 2^25 cells stay in its 300 MiB L3, and there the lines' single
+# direction per loop is the cheaper one. One thread, and two on the 2-core machine,
+# favour the tiles (or raster passes: at one thread they are the same walk). All give
+# the same sums.
 LINES_MIN_THREADS = 4
 # Lines per block of sgm_vertical_lines_cpu: on the H100 machine's host, 16 threads,
 # 450x375x64, one direction's pass: 8 lines 1.15 ms, 16 0.79-0.86, 24 0.75-0.87, 32
@@ -492,7 +543,7 @@ def sgm_cpu(C, guide, p1, p2, adaptive, paths, by_lines=None, out=None, codes=No
     (h, w, n) uint16 when given (every element is written). With `codes`
     (cost.CensusCodes; 4 or 8 paths, C None) the census costs are computed as the sweeps
     reach each pixel, three times in all, instead of read from a volume: the same sums
-    without the volume's byte per cell (the vertical sweeps in raster passes)."""
+    without the volume's byte per cell (the vertical sweeps in tiles or raster passes)."""
     if codes is not None:
         if paths not in (4, 8):
             raise ValueError("census codes instead of a cost volume: 4 or 8 paths only")
@@ -514,7 +565,8 @@ def sgm_cpu(C, guide, p1, p2, adaptive, paths, by_lines=None, out=None, codes=No
                                        threads)
         else:
             if paths == 8:
-                sgm_vertical3_cpu(C, guide, np.int32(p1), p2tab, S, codes)
+                sgm_vertical3_cpu(C, guide, np.int32(p1), p2tab, S, *vertical_tiles(w, numba.get_num_threads()),
+                                  codes)
             else:
                 sgm_vertical_cpu(C, guide, np.int32(p1), p2tab, S, np.array(dxs, np.int64), codes)
         return S
