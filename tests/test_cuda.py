@@ -50,10 +50,11 @@ def test_census_volume_bit_exact(imgs, wx, wy, min_d, ndisp):
                                   on_cpu("census_volume", L, R, min_d, ndisp, wx, wy))
 
 
-@pytest.mark.parametrize("min_d,ndisp", [(0, 16), (-5, 16), (7, 8)])
+@pytest.mark.parametrize("min_d,ndisp", [(0, 16), (-5, 16), (7, 8), (2, 72)])
 def test_census_volume_tiles_bit_exact(rng, min_d, ndisp):
-    """D % 8 == 0 takes the tiled kernel (32 left pixels per block): rows wider than a
-    tile, disparities reaching past both image borders."""
+    """D % 8 == 0 takes the kernel with a thread per left pixel and a block per run of
+    them: rows wider than a block, disparities reaching past both image borders, more
+    words per pixel than a thread computes between two writes (72)."""
     L, R = (rng.integers(0, 256, (5, 70)).astype(np.float32) for _ in range(2))
     np.testing.assert_array_equal(on_gpu("census_volume", L, R, min_d, ndisp, 9, 7),
                                   on_cpu("census_volume", L, R, min_d, ndisp, 9, 7))
