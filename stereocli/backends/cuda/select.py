@@ -129,19 +129,33 @@ def _make_select_kernel(vec, HOLD, P):
             shiftx = int32(x32 + shift0)
             base = row + uint64(min(x32, int32(wd - 1))) * uint64(reads)
             kmin = int32(NO_KEY)
+            # every disparity's right pixel inside the image and in the segment (all but the
+            # pixels near the borders): the loops without the checks. H100, selection ms
+            # with the checks everywhere / not here: 741x500/64 0.086 / 0.075, 1242x375/128
+            # 0.218 / 0.193, 1920x1080/128 0.883 / 0.774, 1920x1080/256 1.729 / 1.534,
+            # 3840x2160/256 6.20 / 5.37.
+            full = lo == 0 and hi == n1 and (not right or (shiftx - n1 >= 0 and shiftx < seg))
             for k in range(rounds):
                 i = int32(gl + P * k)
                 acc = uint64(0)
                 if there and i < reads:
                     acc = read(V, nv, base, i)
-                    for j in range(PER):
-                        d = int32(PER * i + j)
-                        if d >= lo and d <= hi:
+                    if full:
+                        for j in range(PER):
+                            d = int32(PER * i + j)
                             key = int32(int32(value(acc, j) << shift32) | d)
                             kmin = min(kmin, key)
-                            xr = int32(shiftx - d)
-                            if right and xr >= 0 and xr < seg:
-                                cuda.atomic.min(rkey, xr, key)
+                            if right:
+                                cuda.atomic.min(rkey, int32(shiftx - d), key)
+                    else:
+                        for j in range(PER):
+                            d = int32(PER * i + j)
+                            if d >= lo and d <= hi:
+                                key = int32(int32(value(acc, j) << shift32) | d)
+                                kmin = min(kmin, key)
+                                xr = int32(shiftx - d)
+                                if right and xr >= 0 and xr < seg:
+                                    cuda.atomic.min(rkey, xr, key)
                 if vec:
                     held[k] = acc
             kmin = gmin(kmin, scratch, w, lane)
@@ -154,10 +168,16 @@ def _make_select_kernel(vec, HOLD, P):
                     i = int32(gl + P * k)
                     if there and i < reads:
                         acc = held[k] if vec else read(V, nv, base, i)
-                        for j in range(PER):
-                            d = int32(PER * i + j)
-                            if d >= lo and d <= hi and (d < below or d > above):
-                                other = min(other, value(acc, j))
+                        if full:
+                            for j in range(PER):
+                                d = int32(PER * i + j)
+                                if d < below or d > above:
+                                    other = min(other, value(acc, j))
+                        else:
+                            for j in range(PER):
+                                d = int32(PER * i + j)
+                                if d >= lo and d <= hi and (d < below or d > above):
+                                    other = min(other, value(acc, j))
                 other = gmin(other, scratch, w, lane)
             c0 = int32(0)
             c2 = int32(0)
