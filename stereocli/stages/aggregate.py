@@ -389,6 +389,8 @@ def _tile3(Cb, codes, guide, p1, p2tab, S, lines, mins, q, b, B, phase, s, e, ze
     1: the gap between bands b - 1 and b widening as much, the pixels the first phase
     left out). Every pixel's three predecessors in the row before are done by then:
     in this tile, earlier, or in the first phase's tiles."""
+    if phase == 1 and b == 0:  # (no gap before the first band)
+        return
     h, w, n = S.shape
     c0 = b * w // B
     c1 = (b + 1) * w // B
@@ -400,11 +402,9 @@ def _tile3(Cb, codes, guide, p1, p2tab, S, lines, mins, q, b, B, phase, s, e, ze
         if phase == 0:
             lo = c0 + j if b > 0 else 0
             hi = c1 - j if b < B - 1 else w
-        elif b > 0:
+        else:
             lo = c0 - j
             hi = c0 + j
-        else:  # (no gap before the first band)
-            return
         for x in range(lo, hi):
             cy = y
             if codes is not None:
