@@ -512,7 +512,7 @@ class CudaBackend:
         vol = self._empty((h, w, ndisp), np.uint8)
         scale = self._census_scale(wx * wy - 1)
         if ndisp % 8 == 0 and ndisp <= kcost.TILE_MAX_D:
-            self._launch(kcost.census_volume_px_kernel, ((w + kcost.PX_THREADS - 1) // kcost.PX_THREADS, h),
+            self._launch(kcost.census_volume_px_kernel, ((w + kcost.PX_TILE - 1) // kcost.PX_TILE, h),
                          kcost.PX_THREADS, cl, cr, min_d, scale, vol.view(np.uint64))
         elif ndisp % 4 == 0 and not kc.SIM:
             self._launch_rows(kcost.census_volume4_kernel, h, w * ndisp // 4, cl, cr, min_d, scale, vol.view(np.uint32))

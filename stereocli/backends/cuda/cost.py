@@ -104,16 +104,19 @@ def _shared_scale(scale):
 
 
 TILE_MAX_D = 1024  # most disparities census_volume_px_kernel takes (its right strings live in shared memory)
-PX_THREADS = 8 if SIM else 128  # left pixels per block of census_volume_px_kernel, a thread each
-PX_CHUNK = 8  # words (64 disparities) a thread computes between two of its block's writes
-_PX_CODES = PX_THREADS + TILE_MAX_D - 1
-_PX_STAGE = PX_THREADS * (PX_CHUNK + 1)
+PX_THREADS = 8 if SIM else 128  # threads per block of census_volume_px_kernel
+PX_EACH = 8 if SIM else 1  # left pixels a thread takes (the simulator pays per thread and per barrier:
+# few threads with many pixels each keep the tests quick; on the GPU the loop over them runs once)
+PX_TILE = PX_THREADS * PX_EACH  # left pixels per block
+PX_CHUNK = 8  # words (64 disparities) a pixel's thread computes between two of its block's writes
+_PX_CODES = PX_TILE + TILE_MAX_D - 1
+_PX_STAGE = PX_TILE * (PX_CHUNK + 1)
 
 
 @cuda.jit(cache=CACHE)
 def census_volume_px_kernel(cl, cr, min_d, scale, vol8):
     """The census volume with a thread per left pixel (D % 8 == 0, D <= TILE_MAX_D), a
-    block per PX_THREADS pixels of one row (grid: tiles, rows). The right strings the
+    block per PX_TILE pixels of one row (grid: tiles, rows). The right strings the
     block meets are read once into shared memory; a thread's disparities read them at
     descending positions, its neighbours' at the next ones (no bank conflicts, no
     padding). Each word of eight costs is built from two 32-bit halves, without bound
@@ -128,46 +131,51 @@ def census_volume_px_kernel(cl, cr, min_d, scale, vol8):
     tab = _shared_scale(scale)
     crs = cuda.shared.array(_PX_CODES, uint64)
     stage = cuda.shared.array(_PX_STAGE, uint64)
+    left = cuda.local.array(PX_EACH, uint64)  # the thread's left strings (a register on the GPU)
     h, w, n8 = vol8.shape
     nd = 8 * n8
     y = cuda.blockIdx.y
-    x0 = cuda.blockIdx.x * PX_THREADS
+    x0 = cuda.blockIdx.x * PX_TILE
     tid = cuda.threadIdx.x
     xlo = int32(cst.right_x(x0, min_d, nd - 1))  # the right column of crs[0]
-    for j in range(tid, PX_THREADS + nd - 1, PX_THREADS):
+    for j in range(tid, PX_TILE + nd - 1, PX_THREADS):
         xr = xlo + j
         crs[j] = cr[y, xr] if xr >= 0 and xr < w else uint64(0)
-    x = x0 + tid
-    a = cl[y, x] if x < w else uint64(0)
-    dhi = int32(cst.right_x(x, min_d, 0))  # the disparity indices whose right pixel lies inside: dlo..dhi
-    dlo = dhi - (w - 1)
-    top = uint32(tid + nd - 1)  # the crs index of disparity index 0
+    for i in range(PX_EACH):
+        x = x0 + i * PX_THREADS + tid
+        left[i] = cl[y, x] if x < w else uint64(0)
     cuda.syncthreads()
     for c0 in range(0, n8, PX_CHUNK):
-        for k in range(PX_CHUNK):
-            wi = c0 + k
-            if wi < n8:  # (the same for the whole block)
-                d0 = int32(8 * wi)
-                word = uint64(0)
-                if d0 >= dlo and d0 + 7 <= dhi:
-                    jb = top - uint32(d0)
-                    lo = uint32(0)
-                    hi = uint32(0)
-                    for b in range(4):
-                        lo |= uint32(tab[cuda.popc(a ^ crs[jb - uint32(b)])]) << uint32(8 * b)
-                    for b in range(4):
-                        hi |= uint32(tab[cuda.popc(a ^ crs[jb - uint32(4 + b)])]) << uint32(8 * b)
-                    word = uint64(lo) | (uint64(hi) << uint64(32))
-                else:
-                    for b in range(8):
-                        d = d0 + b
-                        v = uint64(OUTSIDE)
-                        if d >= dlo and d <= dhi:
-                            v = uint64(tab[cuda.popc(a ^ crs[top - uint32(d)])])
-                        word |= v << uint64(8 * b)
-                stage[tid * (PX_CHUNK + 1) + k] = word
+        for i in range(PX_EACH):
+            px = i * PX_THREADS + tid  # the pixel's place in the tile
+            a = left[i]
+            dhi = int32(cst.right_x(x0 + px, min_d, 0))  # the disparity indices whose right pixel lies inside: dlo..dhi
+            dlo = dhi - (w - 1)
+            top = uint32(px + nd - 1)  # the crs index of disparity index 0
+            for k in range(PX_CHUNK):
+                wi = c0 + k
+                if wi < n8:  # (the same for the whole block)
+                    d0 = int32(8 * wi)
+                    word = uint64(0)
+                    if d0 >= dlo and d0 + 7 <= dhi:
+                        jb = top - uint32(d0)
+                        lo = uint32(0)
+                        hi = uint32(0)
+                        for b in range(4):
+                            lo |= uint32(tab[cuda.popc(a ^ crs[jb - uint32(b)])]) << uint32(8 * b)
+                        for b in range(4):
+                            hi |= uint32(tab[cuda.popc(a ^ crs[jb - uint32(4 + b)])]) << uint32(8 * b)
+                        word = uint64(lo) | (uint64(hi) << uint64(32))
+                    else:
+                        for b in range(8):
+                            d = d0 + b
+                            v = uint64(OUTSIDE)
+                            if d >= dlo and d <= dhi:
+                                v = uint64(tab[cuda.popc(a ^ crs[top - uint32(d)])])
+                            word |= v << uint64(8 * b)
+                    stage[px * (PX_CHUNK + 1) + k] = word
         cuda.syncthreads()
-        for r in range(PX_CHUNK):
+        for r in range(PX_CHUNK * PX_EACH):
             e = r * PX_THREADS + tid
             p = e // PX_CHUNK
             k = e % PX_CHUNK
