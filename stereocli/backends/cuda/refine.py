@@ -11,6 +11,34 @@ ref = device_twins(_ref)  # the stage's shared arithmetic, as device functions
 # local array sizes must be plain globals (a module attribute is not a compile-time constant)
 SLOPE_WINDOW = _ref.SLOPE_WINDOW
 WMF_MAX_SAMPLES = _ref.WMF_MAX_SAMPLES
+WMF_SMALL_R = 4  # the default radius: its samples take a smaller scratch array
+WMF_SMALL_SAMPLES = (2 * WMF_SMALL_R // _ref.WMF_STEP + 1) ** 2
+
+# Scratch arrays (cuda.local.array) live in the device functions below, not in the
+# kernels: Numba zero-fills a local array where its function starts, so an array
+# declared in a kernel costs every thread a store of its whole size, whether or not the
+# thread uses it. In slope_fill_kernel (340 floats a thread) and wmf_kernel (169 ints)
+# that was 175 and 267 MB of local-memory stores at 741x500, which made the two kernels
+# take 108 and 119 us (ncu: DRAM writes 155 and 235 MB). Declared in a function that
+# only the threads with work call, the fill costs only those threads.
+
+
+@cuda.jit(device=True)
+def _slope_apply(disp, first, slopes, y, e, out):
+    window = cuda.local.array(SLOPE_WINDOW, float32)
+    ref.slope_apply_at(disp, first, slopes, y, e, window, out)
+
+
+@cuda.jit(device=True)
+def _wmf_small(disp, guide, nc, lut, y, x, r):
+    samples = cuda.local.array(WMF_SMALL_SAMPLES, int32)
+    return ref.weighted_median_at(disp, guide, nc, lut, y, x, r, samples)
+
+
+@cuda.jit(device=True)
+def _wmf_large(disp, guide, nc, lut, y, x, r):
+    samples = cuda.local.array(WMF_MAX_SAMPLES, int32)
+    return ref.weighted_median_at(disp, guide, nc, lut, y, x, r, samples)
 
 @cuda.jit(cache=CACHE)
 def lr_check_kernel(disp, disp_r, max_diff, out):
@@ -65,12 +93,11 @@ def slope_fill_kernel(disp, first, slopes, sloped, mode, out):
     launch instead of a list kernel and the fill: at small sizes each launch costs more
     host time than the GPU spends on these steps."""
     buf = cuda.shared.array(FILL_THREADS, int32)
-    window = cuda.local.array(SLOPE_WINDOW, float32)
     y = cuda.blockIdx.x
     w = disp.shape[1]
     for e in range(cuda.threadIdx.x, w, FILL_THREADS):
         if first[y, e] >= 0:
-            ref.slope_apply_at(disp, first, slopes, y, e, window, sloped)
+            _slope_apply(disp, first, slopes, y, e, sloped)
     cuda.syncthreads()
     if mode != 0:
         _fill_row(sloped, mode, out, y, buf)
@@ -139,7 +166,6 @@ def wmf_kernel(disp, guide, nc, lut, r, out):
     work at small sizes). Launched with WMF_BLOCK blocks."""
     todo = cuda.shared.array(WMF_THREADS, int32)
     n = cuda.shared.array(1, int32)
-    samples = cuda.local.array(WMF_MAX_SAMPLES, int32)
     t = cuda.threadIdx.y * cuda.blockDim.x + cuda.threadIdx.x
     if t == 0:
         n[0] = 0
@@ -155,7 +181,10 @@ def wmf_kernel(disp, guide, nc, lut, r, out):
     for i in range(t, n[0], WMF_THREADS):
         yy = todo[i] // w
         xx = todo[i] - yy * w
-        out[yy, xx] = ref.weighted_median_at(disp, guide, nc, lut, yy, xx, r, samples)
+        if r <= WMF_SMALL_R:
+            out[yy, xx] = _wmf_small(disp, guide, nc, lut, yy, xx, r)
+        else:
+            out[yy, xx] = _wmf_large(disp, guide, nc, lut, yy, xx, r)
 
 
 @cuda.jit(cache=CACHE)
