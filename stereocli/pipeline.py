@@ -176,7 +176,7 @@ def run(left, right, params: Params, backend: Backend, confidence: bool = False)
     graph = _graph_key(params, backend, strips, want_conf, bytes_in, gl, gr, guide)
     for y0, y1, k0, k1 in strips:
         if graph is not None:  # one strip, whole: the backend may replay a graph of the match
-            inputs = [gl, gr] + ([] if guide is None else [guide])
+            inputs = [gl, gr] + ([] if guide is None or _is_grey_bytes(guide, gl) else [guide])
             backend.run_graph(graph, inputs, out, timer,
                               lambda t: _run_strip(gl, gr, params, backend, t, False, guide, out))
             continue
@@ -307,12 +307,22 @@ def _run_strip(gl: np.ndarray, gr: np.ndarray, params: Params, bk, timer: _Timer
         # (its guide uploaded here, not with the images: at 1242x375 on the H100 that
         # put the copy on the critical path of an idle GPU, 0.9 ms more end to end; measured
         # when uploads still came from pageable memory, not since they are staged)
-        disp = bk.weighted_median(disp, bk.upload(guide), params.weighted_median)
+        # A grey 8-bit left image is its own guide: its uploaded bytes serve.
+        g = G if _is_grey_bytes(guide, gl) else bk.upload(guide)
+        disp = bk.weighted_median(disp, g, params.weighted_median)
         timer.lap("weighted_median")
     result = bk.download(disp, out)
     conf = bk.download(conf) if want_conf else None
     timer.lap("download")
     return result, conf
+
+
+def _is_grey_bytes(guide, gl) -> bool:
+    """Whether the guide is the grey strip gl itself (a grey 8-bit left image: the same
+    bytes, so the device copy of gl serves as the guide)."""
+    return (gl.dtype == np.uint8 and guide.dtype == np.uint8 and guide.shape == gl.shape
+            and guide.strides == gl.strides
+            and guide.__array_interface__["data"][0] == gl.__array_interface__["data"][0])
 
 
 def _preprocess(bk, L, R, params: Params):

@@ -207,6 +207,23 @@ def test_fill_slope_identical(rng):
     np.testing.assert_array_equal(on_gpu("fill", disp, 3), on_cpu("fill", disp, 3))
 
 
+def test_fill_slope_medians_identical(rng):
+    """The GPU ranks each run's window of slopes in parallel: rows of different slopes
+    (medians of odd and even counts, ties), and a row with more run ends than a block
+    takes together (the rest go one thread each) give the CPU's map."""
+    x = np.arange(120, dtype=np.float32)
+    slope = rng.choice(np.float32([0.05, 0.1, 0.2, 0.25]), (10, 1))
+    disp = (np.float32(30) + slope * x + rng.normal(0, 0.05, (10, 120))).astype(np.float32)
+    disp[:, :40] = np.nan
+    disp[rng.random(disp.shape) < 0.15] = np.nan
+    want = on_cpu("fill", disp, 3)
+    np.testing.assert_array_equal(on_gpu("fill", disp, 3), want)
+    assert np.isfinite(want[:, :30]).mean() > 0.5  # (the border strip was continued)
+    many = np.tile(np.float32(200) + np.float32(0.1) * np.arange(240, dtype=np.float32), (2, 1))
+    many[:, 1:170:2] = np.nan  # 85 runs a row, each ending where d > x
+    np.testing.assert_array_equal(on_gpu("fill", many, 3), on_cpu("fill", many, 3))
+
+
 def test_fill2d_identical(rng):
     """--fill 2d: the border strip, then the 8-direction fill, a thread a pixel."""
     disp = rng.uniform(0, 30, (16, 40)).astype(np.float32)
