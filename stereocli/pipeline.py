@@ -171,7 +171,7 @@ def run(left, right, params: Params, backend: Backend, confidence: bool = False)
     h, w = gl.shape
     strips, note = layout(h, w, params, backend)
     timer = _Timer(backend)
-    out = np.empty((h, w), np.float32)
+    out = backend.host_empty((h, w), np.float32)
     conf = np.empty((h, w), np.float32) if want_conf else None
     graph = _graph_key(params, backend, strips, want_conf, bytes_in, gl, gr, guide)
     for y0, y1, k0, k1 in strips:

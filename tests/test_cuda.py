@@ -363,6 +363,26 @@ def test_pooled_buffers_do_not_leak_between_pairs():
     assert same_maps(a, first).all()  # the same pair again, after another one
 
 
+@pytest.mark.skipif(not REAL_GPU, reason="the pinned result maps are off under the simulator")
+def test_a_kept_map_is_not_overwritten_by_later_matches():
+    """Large maps come back in pinned buffers that are used again once dropped: a map
+    (or only a view of it) that the caller keeps must stay as it was while later pairs
+    of the same size are matched, and each map must be the CPU's."""
+    from stereocli.backends.cuda import hostmem
+    pairs = [tuple(np.ascontiguousarray(a.astype(np.uint8)) for a in textured_pair(h=400, w=1400, shift=s, seed=s))
+             for s in (3, 9)]
+    params = config.load("default", None, {"num_disparities": 16})
+    first = pipeline.run(*pairs[0], params, GPU).disparity
+    assert hostmem.is_pinned(first)  # (else this test tests nothing)
+    kept_view, kept = first[100:], first[100:].copy()
+    del first
+    for k in range(4):
+        m = pipeline.run(*pairs[(k + 1) % 2], params, GPU).disparity
+        assert same_maps(m, pipeline.run(*pairs[(k + 1) % 2], params, CPU).disparity).all()
+        del m
+        np.testing.assert_array_equal(kept_view, kept)
+
+
 @pytest.mark.skipif(not REAL_GPU, reason="the staging buffers are off under the simulator")
 def test_uploads_queued_together_each_arrive_whole(rng):
     """Uploads go through a few pinned buffers used in turn, without waiting for the GPU:

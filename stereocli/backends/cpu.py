@@ -120,6 +120,9 @@ class CpuBackend:
     def to_float(self, a):
         return a.astype(np.float32)
 
+    def host_empty(self, shape, dtype):
+        return np.empty(shape, dtype)
+
     def download(self, a, out=None):
         if out is None:
             return np.asarray(a)

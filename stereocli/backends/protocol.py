@@ -31,6 +31,10 @@ class Backend(Protocol):
         """A device array back as a host numpy array; into `out` (a host array of its
         shape and dtype, e.g. rows of the final map) when given, which is returned."""
 
+    def host_empty(self, shape, dtype):
+        """An uninitialised host numpy array for a result map (the CUDA backend hands out
+        large ones in pinned memory, which its downloads fill faster)."""
+
     def recycle(self, *arrays) -> None:
         """The caller is done with these arrays (the pipeline's volumes, after the
         selection) and holds no other reference to them: the backend may use their memory

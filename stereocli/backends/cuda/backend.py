@@ -21,7 +21,7 @@ from . import cost as kcost
 from . import preprocess as kpre
 from . import refine as kref
 from . import select as ksel
-from . import graphs
+from . import graphs, hostmem
 from .launch import Launcher
 
 _cu = None  # cuda.bindings' driver module, for the calls made without Numba's wrappers
@@ -118,6 +118,7 @@ class _Pool:
 
 
 _POOL = _Pool()  # one per process, shared by every CudaBackend (they share the device)
+_HOST_MAPS = None if kc.SIM else hostmem.HostMaps()  # pinned result maps, one pool per process
 _LIVE = {}  # weak reference to a pooled array's _Handle -> (pool, key, memory), until it dies
 
 
@@ -285,11 +286,17 @@ class CudaBackend:
     DOWNLOAD_STAGING_MIN_BYTES = 16 << 20  # smaller maps come straight into pageable memory
     DOWNLOAD_STAGING_MAX_BYTES = 256 << 20
 
+    def host_empty(self, shape, dtype):
+        """A host array for a result map: large ones in pinned memory (hostmem), which
+        download fills at the bus's speed without a second copy."""
+        return np.empty(shape, dtype) if _HOST_MAPS is None else _HOST_MAPS.empty(shape, dtype)
+
     def download(self, a, out=None):
-        """The array on the host (into `out` when given). Maps of 16 MiB or more come
-        through a pinned buffer: a copy into pageable memory ran at about 2.5 GB/s
-        (3840x2160 float32: 13.2 ms; staged 6.2 ms). At 1920x1080 (8 MiB) staging gained
-        nothing (1.47 ms against 0.86-1.56: the copy out of the buffer costs as much)."""
+        """The array on the host (into `out` when given). Into a pinned `out`
+        (host_empty's), straight. Otherwise maps of 16 MiB or more come through a pinned
+        buffer: a copy into pageable memory ran at about 2.5 GB/s (3840x2160 float32: 13.2
+        ms; staged 6.2 ms). At 1920x1080 (8 MiB) staging gained nothing (1.47 ms against
+        0.86-1.56: the copy out of the buffer costs as much)."""
         if isinstance(a, PathVolumes):
             a = self.sum_paths(a)
         if self._cap is not None and out is not None and a._dummy.is_c_contig:
@@ -305,7 +312,10 @@ class CudaBackend:
             fits = out is not None and out.flags.c_contiguous and out.shape == a.shape and out.dtype == a.dtype
             host = out if fits else np.empty(a.shape, a.dtype)
             nbytes = host.nbytes
-            if self.DOWNLOAD_STAGING_MIN_BYTES <= nbytes <= self.DOWNLOAD_STAGING_MAX_BYTES:
+            if hostmem.is_pinned(host):
+                self._d2h(host, a, nbytes)
+                self.synchronize()
+            elif self.DOWNLOAD_STAGING_MIN_BYTES <= nbytes <= self.DOWNLOAD_STAGING_MAX_BYTES:
                 if self._download_buf is None or self._download_buf.size < nbytes:
                     self._download_buf = None  # (freed before the larger one is pinned)
                     self._download_buf = cuda.pinned_array(nbytes, np.uint8)
