@@ -35,8 +35,11 @@ def test_census_costs_computed_on_the_cpu_are_the_lookup_table():
 
 
 @pytest.mark.parametrize("wx,wy,min_d", [(9, 7, 0), (5, 3, -2), (3, 3, 4), (7, 5, 1)])
-def test_census_volume_matches_reference(rng, wx, wy, min_d):
-    L, R = random_images(rng)
+@pytest.mark.parametrize("dtype,h,w", [(np.float32, 12, 20), (np.uint8, 12, 20), (np.uint8, 3, 4)])
+def test_census_volume_matches_reference(rng, wx, wy, min_d, dtype, h, w):
+    """Grey bytes (the pipeline's census input) and floats (after preprocessing); an
+    image smaller than the window (its edges replicated further than it is wide)."""
+    L, R = (a.astype(dtype) for a in random_images(rng, h, w))
     got = BK.census_volume(L, R, min_d, 6, wx, wy)
     assert got.dtype == np.uint8
     np.testing.assert_array_equal(got, ref.census_volume(L, R, min_d, 6, wx, wy))

@@ -13,6 +13,7 @@ import functools
 import math
 from typing import NamedTuple
 
+import cv2
 import numpy as np
 from numba import njit, prange
 
@@ -152,31 +153,40 @@ def zssd_value(m_sq, m_l, m_r):
 
 
 # ----------------------------------------------------------------- CPU drivers
-@njit(parallel=True, cache=CACHE)
 def census_transform_cpu(img, wx, wy):
-    """census_at for every pixel, computed a row at a time: for each window offset, one
-    comparison of a whole (edge-replicated) row with the centre row, shifted into a
-    byte per pixel; every 8 offsets the bytes are shifted into the row's strings. The
-    same bits in the same order as census_at, but the loops over x vectorise, and on
-    bytes (a 9x7 window: 1.23 -> 0.74 ms at 450x375, one thread, against shifting each
-    bit into the uint64 strings)."""
-    h, w = img.shape
+    """census_at for every pixel: the image with its edges replicated (wx // 2 columns
+    and wy // 2 rows out, as census_at clamps), then census_rows_cpu over it."""
+    rx, ry = wx // 2, wy // 2
+    try:
+        padded = cv2.copyMakeBorder(img, ry, ry, rx, rx, cv2.BORDER_REPLICATE)
+    except cv2.error:  # (a pixel type OpenCV does not take)
+        padded = np.pad(img, ((ry, ry), (rx, rx)), mode="edge")
+    return census_rows_cpu(padded, img.shape[0], img.shape[1], wx, wy)
+
+
+@njit(parallel=True, cache=CACHE)
+def census_rows_cpu(padded, h, w, wx, wy):
+    """The census strings of the h x w image inside `padded` (edges replicated), a row
+    at a time: for each window offset, one comparison of a whole row with the centre
+    row, shifted into a byte per pixel; every 8 offsets the bytes are shifted into the
+    row's strings. The same bits in the same order as census_at, but the loops over x
+    vectorise, and on bytes (a 9x7 window: 1.23 -> 0.74 ms at 450x375, one thread,
+    against shifting each bit into the uint64 strings). The rows come padded once
+    instead of each row's window rows being built with clamped indices: 1.08 -> 0.47 ms
+    (teddy, uint8, one thread, 2-core machine)."""
     rx, ry = wx // 2, wy // 2
     out = np.empty((h, w), np.uint64)
     for y in prange(h):
-        row = np.empty(w + 2 * rx, img.dtype)
         acc = np.zeros(w, np.uint8)  # the last (up to 8) offsets' bits, the latest lowest
         bits = out[y]
         bits[:] = 0
-        centre = img[y]
+        centre = padded[y + ry, rx:rx + w]
         n = 0  # bits in acc not yet in bits
-        for j in range(-ry, ry + 1):
-            yy = min(max(y + j, 0), h - 1)
-            for k in range(w + 2 * rx):  # the row, edges replicated rx pixels out
-                row[k] = img[yy, min(max(k - rx, 0), w - 1)]
-            for i in range(-rx, rx + 1):
-                if i != 0 or j != 0:
-                    seg = row[rx + i:rx + i + w]  # (views indexed from 0: no negative-index checks)
+        for j in range(wy):
+            row = padded[y + j]
+            for i in range(wx):
+                if i != rx or j != ry:
+                    seg = row[i:i + w]  # (views indexed from 0: no negative-index checks)
                     for x in range(w):
                         acc[x] = (acc[x] << np.uint8(1)) | np.uint8(seg[x] < centre[x])
                     n += 1
@@ -366,7 +376,6 @@ def mi_table(hist: np.ndarray, sigma: float = 1.0) -> np.ndarray:
     """Hirschmueller's MI cost table from a joint histogram: Parzen (Gaussian) smoothing of
     the probabilities and of their -log, then c(i, k) = -(h_L(i) + h_R(k) - h_LR(i, k)),
     shifted and scaled to 0..255 cost units (uint8 256x256)."""
-    import cv2
     n = hist.sum()
     if n <= 0:
         return np.full((256, 256), 128, np.uint8)
