@@ -241,11 +241,15 @@ SPECKLE_BANDS = 64  # bands of rows labelled in parallel by speckle_sizes_cpu
 
 
 @njit(cache=CACHE, inline="always")
-def _joined(disp, y, x, yy, xx, max_diff):
-    """Whether two neighbouring pixels are in one speckle region: both valid, close enough."""
-    v = disp[y, x]
-    u = disp[yy, xx]
+def _close(v, u, max_diff):
+    """Whether two neighbouring disparities are in one speckle region: both valid, close enough."""
     return v == v and u == u and abs(u - v) <= max_diff
+
+
+@njit(cache=CACHE, inline="always")
+def _joined(disp, y, x, yy, xx, max_diff):
+    """_close for the pixels (x, y) and (xx, yy)."""
+    return _close(disp[y, x], disp[yy, xx], max_diff)
 
 
 @njit(cache=CACHE)
@@ -279,21 +283,23 @@ def speckle_sizes_cpu(disp, max_diff):
         y_lo = b * h // bands
         y_hi = (b + 1) * h // bands
         labels[y_lo * w:y_hi * w] = -1
-        stack = np.empty((y_hi - y_lo) * w, np.int32)  # the pixels to visit, as y and x (a
-        stack_x = np.empty((y_hi - y_lo) * w, np.int32)  # division per pixel to get them from
-        for y0 in range(y_lo, y_hi):                     # the flat index took half the time)
+        # the pixels to visit, as row and column (dividing a flat index back into them
+        # took about a tenth of the fill)
+        stack_y = np.empty((y_hi - y_lo) * w, np.int32)
+        stack_x = np.empty((y_hi - y_lo) * w, np.int32)
+        for y0 in range(y_lo, y_hi):
             for x0 in range(w):
                 p0 = y0 * w + x0
                 if labels[p0] >= 0 or not disp[y0, x0] == disp[y0, x0]:
                     continue
                 labels[p0] = p0
-                stack[0] = y0
+                stack_y[0] = y0
                 stack_x[0] = x0
                 top = 1
                 size = 0
                 while top > 0:
                     top -= 1
-                    y = stack[top]
+                    y = stack_y[top]
                     x = stack_x[top]
                     size += 1
                     v = disp[y, x]  # (valid: only valid pixels are pushed)
@@ -302,10 +308,9 @@ def speckle_sizes_cpu(disp, max_diff):
                         xx = x + (1 if k == 2 else (-1 if k == 3 else 0))
                         if yy >= y_lo and yy < y_hi and xx >= 0 and xx < w:
                             q = np.uint64(yy * w + xx)
-                            u = D[q]
-                            if labels[q] < 0 and u == u and abs(u - v) <= max_diff:
+                            if labels[q] < 0 and _close(v, D[q], max_diff):
                                 labels[q] = p0
-                                stack[top] = yy
+                                stack_y[top] = yy
                                 stack_x[top] = xx
                                 top += 1
                 sizes[p0] = size
