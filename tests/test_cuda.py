@@ -365,10 +365,11 @@ def test_pooled_buffers_do_not_leak_between_pairs():
 
 @pytest.mark.skipif(not REAL_GPU, reason="the pinned result maps are off under the simulator")
 def test_a_kept_map_is_not_overwritten_by_later_matches():
-    """Large maps come back in pinned buffers that are used again once dropped: a map
+    """Maps come back in pinned buffers that are used again once dropped (from the
+    third match of a size on, a replayed graph's download is pointed at each one): a map
     (or only a view of it) that the caller keeps must stay as it was while later pairs
     of the same size are matched, and each map must be the CPU's."""
-    from stereocli.backends.cuda import hostmem
+    from stereocli.backends.cuda import graphs, hostmem
     pairs = [tuple(np.ascontiguousarray(a.astype(np.uint8)) for a in textured_pair(h=400, w=1400, shift=s, seed=s))
              for s in (3, 9)]
     params = config.load("default", None, {"num_disparities": 16})
@@ -381,6 +382,7 @@ def test_a_kept_map_is_not_overwritten_by_later_matches():
         assert same_maps(m, pipeline.run(*pairs[(k + 1) % 2], params, CPU).disparity).all()
         del m
         np.testing.assert_array_equal(kept_view, kept)
+    assert any(isinstance(g, graphs.Graph) and g._copy is not None for g in GPU._graphs.values())  # (replayed)
 
 
 @pytest.mark.skipif(not REAL_GPU, reason="the staging buffers are off under the simulator")

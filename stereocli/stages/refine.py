@@ -442,9 +442,32 @@ def sorted_median(buf, n):
             buf[j + 1] = buf[j]
             j -= 1
         buf[j + 1] = v
+    return middle(buf[n // 2 - 1] if n > 1 else buf[0], buf[n // 2], n)
+
+
+@shared
+def middle(lo, hi, n):
+    """The median of n >= 1 sorted values, from the two in the middle: lo at n // 2 - 1
+    and hi at n // 2 (hi alone when n is odd)."""
     if n % 2 == 1:
-        return buf[n // 2]
-    return np.float32(0.5) * (buf[n // 2 - 1] + buf[n // 2])
+        return hi
+    return np.float32(0.5) * (lo + hi)
+
+
+@shared
+def slope_window_cell(y, e, i):
+    """(row, column) of cell i (0 <= i < SLOPE_WINDOW) of the window of slopes that the
+    run ending at e of row y takes its median from: SLOPE_ROWS rows either side of y,
+    SLOPE_COLS columns left of e and SLOPE_COLS - 1 right of it, row by row. Cells
+    outside the image are skipped."""
+    return y - SLOPE_ROWS + i // (2 * SLOPE_COLS), e - SLOPE_COLS + i % (2 * SLOPE_COLS)
+
+
+@shared
+def slope_value(d0, s, x, e):
+    """The run's value at column x: d0 = d(e) continued along the slope s (float64;
+    s has 24 significant bits, so the product is exact) to x."""
+    return np.float32(d0 + s * (x - e))
 
 
 @shared
@@ -455,8 +478,9 @@ def slope_apply_at(disp, first, slopes, y, e, buf, out):
     SLOPE_WINDOW values."""
     h, w = disp.shape
     n = 0
-    for yy in range(max(0, y - SLOPE_ROWS), min(h, y + SLOPE_ROWS + 1)):
-        for xx in range(max(0, e - SLOPE_COLS), min(w, e + SLOPE_COLS)):
+    for i in range(SLOPE_WINDOW):
+        yy, xx = slope_window_cell(y, e, i)
+        if yy >= 0 and yy < h and xx >= 0 and xx < w:
             v = slopes[yy, xx]
             if v == v:
                 buf[n] = v
@@ -464,7 +488,7 @@ def slope_apply_at(disp, first, slopes, y, e, buf, out):
     s = np.float64(sorted_median(buf, n)) if n > 0 else 0.0
     d0 = np.float64(disp[y, e])
     for x in range(first[y, e], e):
-        v = np.float32(d0 + s * (x - e))  # s has 24 significant bits: the product is exact
+        v = slope_value(d0, s, x, e)
         if v > x:
             out[y, x] = v
 

@@ -4,8 +4,9 @@ At the shared scenes' size a GPU match is bound by Python, not by the GPU: a doz
 kernel launches, the copies and the timing events cost more host time than the
 kernels take. For a pair of the same size and options as one matched before, the
 backend replays a graph of the whole match instead: the images are copied into the
-graph's pinned buffers, the graph is launched, and the map is copied out of its pinned
-buffer. The kernels, their order and their arguments are those of the capture, so the
+graph's pinned buffers, the graph is launched, and the map comes back into the pinned
+map the pipeline asked for (hostmem; the graph's copy node is pointed at it before the
+launch), or into the graph's own pinned buffer and is copied from there. The kernels, their order and their arguments are those of the capture, so the
 maps are the same as without a graph.
 
 The first match of a key runs as usual: it compiles or loads the kernels, uploads the
@@ -52,7 +53,7 @@ class Graph:
     """An instantiated graph and what it keeps: the input and output pinned buffers and
     the timing marks [(stage, event)] its event nodes record."""
 
-    def __init__(self, cu, graph, exec_, capture, marks):
+    def __init__(self, cu, graph, exec_, capture, marks, is_pinned=None):
         self._cu = cu
         self.graph = graph
         self.exec = exec_
@@ -60,6 +61,49 @@ class Graph:
         self.out_view = capture.out_view
         self.keep = capture.keep
         self.marks = marks
+        self._is_pinned = is_pinned  # hostmem.is_pinned, or None: every map through out_view
+        self._copy = self._download_node() if is_pinned is not None else None  # (node, params, context)
+        self._target = self.out_view.ctypes.data  # where the download node writes now
+
+    def _download_node(self):
+        """(node, its CUDA_MEMCPY3D, the context) of the copy into out_view, or None."""
+        cu = self._cu
+        err, _, count = cu.cuGraphGetNodes(self.graph, 0)
+        if err != cu.CUresult.CUDA_SUCCESS:
+            return None
+        err, nodes, count = cu.cuGraphGetNodes(self.graph, count)
+        err2, ctx = cu.cuCtxGetCurrent()
+        if err != cu.CUresult.CUDA_SUCCESS or err2 != cu.CUresult.CUDA_SUCCESS:
+            return None
+        host = cu.CUmemorytype.CU_MEMORYTYPE_HOST
+        for node in nodes[:count]:
+            err, kind = cu.cuGraphNodeGetType(node)
+            if err != cu.CUresult.CUDA_SUCCESS or kind != cu.CUgraphNodeType.CU_GRAPH_NODE_TYPE_MEMCPY:
+                continue
+            err, params = cu.cuGraphMemcpyNodeGetParams(node)
+            if (err == cu.CUresult.CUDA_SUCCESS and params.dstMemoryType == host
+                    and int(params.dstHost) == self.out_view.ctypes.data):
+                return node, params, ctx
+        return None
+
+    def retarget(self, out) -> bool:
+        """Point the download at `out` when it is a pinned map of the pool of out_view's
+        size and layout (True: the next launch fills it), else back at out_view (False:
+        the caller copies the map from there)."""
+        direct = (self._copy is not None and self._is_pinned(out) and out.flags.c_contiguous
+                  and out.dtype == self.out_view.dtype and out.shape == self.out_view.shape)
+        target = out.ctypes.data if direct else self.out_view.ctypes.data
+        if target != self._target:
+            node, params, ctx = self._copy
+            params.dstHost = target
+            err, = self._cu.cuGraphExecMemcpyNodeSetParams(self.exec, node, params, ctx)
+            if err != self._cu.CUresult.CUDA_SUCCESS:
+                self._copy = None  # (the graph's own buffer from now on)
+                if direct:
+                    return self.retarget(out)
+                raise RuntimeError(f"cuGraphExecMemcpyNodeSetParams: {err.name}")
+            self._target = target
+        return direct
 
     def destroy(self):
         if self._cu is not None:

@@ -20,7 +20,7 @@ import weakref
 import numpy as np
 from numba import cuda
 
-MIN_BYTES = 2 << 20  # smaller maps: ordinary memory (their copies are short anyway)
+MIN_BYTES = 256 << 10  # smaller maps: ordinary memory (their copies are short anyway)
 MAX_BYTES = 512 << 20  # most pinned bytes the pool holds, handed out or free
 
 

@@ -86,8 +86,6 @@ def fill_kernel(disp, mode, out):
 
 
 SLOPE_ENDS = 64  # run ends a row's block takes together (more: the rest one thread each)
-SLOPE_ROWS = _ref.SLOPE_ROWS
-SLOPE_COLS2 = 2 * _ref.SLOPE_COLS
 
 
 @cuda.jit(cache=CACHE)
@@ -126,8 +124,7 @@ def slope_fill_kernel(disp, first, slopes, sloped, mode, out):
     for q in range(min(cnt[0], SLOPE_ENDS)):
         e = ends[q]
         for i in range(t, SLOPE_WINDOW, FILL_THREADS):  # the window's slopes, in any order
-            yy = y - SLOPE_ROWS + i // SLOPE_COLS2
-            xx = e - SLOPE_COLS2 // 2 + i % SLOPE_COLS2
+            yy, xx = ref.slope_window_cell(y, e, i)
             if yy >= 0 and yy < h and xx >= 0 and xx < w:
                 v = slopes[yy, xx]
                 if v == v:
@@ -152,10 +149,10 @@ def slope_fill_kernel(disp, first, slopes, sloped, mode, out):
         cuda.syncthreads()
         s = 0.0
         if n > 0:
-            s = float64(med[1]) if n % 2 == 1 else float64(float32(0.5) * (med[0] + med[1]))
+            s = float64(ref.middle(med[0], med[1], n))
         d0 = float64(disp[y, e])
         for x in range(first[y, e] + t, e, FILL_THREADS):
-            v = float32(d0 + s * (x - e))  # (slope_apply_at's arithmetic)
+            v = ref.slope_value(d0, s, x, e)
             if v > x:
                 sloped[y, x] = v
         cuda.syncthreads()
