@@ -226,7 +226,7 @@ def _make_sgm_kernel(G, K, vec, atomic, PF):
             v = max(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, off))
         return v
 
-    @cuda.jit(cache=CACHE, **_REGS("STEREOCLI_SGM_REGS", SGM_REGISTER_CAP.get(K, 0)))
+    @cuda.jit(cache=CACHE, **_REGS("STEREOCLI_SGM_REGS", SGM_REGISTER_CAP.get((K, PF), 0)))
     def sgm_lines_kernel(C1, G1, h, wd, n, p1, p2table, Sd1, dirs, starts):
         """All path lines of all direction pairs in one launch, GROUPS lines per warp
         (starts[i] = (y, x, pair q), longest first). Pair q = dirs[q] = (dx, dy) walks the
@@ -312,8 +312,16 @@ _SGM_KERNELS = {}
 # Measured on an H100 (benchmarks/gpu.py; STEREOCLI_SGM_K=4/8/16 forces K and
 # STEREOCLI_SGM_REGS the register cap): at 128 disparities K = 4 capped at 64 registers
 # (28 warps per SM instead of 16 for K = 8) is 13 % (KITTI) and 10 % (1080p, 8 paths)
-# faster than K = 8; K = 16 wins at 256 disparities.
-SGM_REGISTER_CAP = {4: 64}
+# faster than K = 8; K = 16 wins at 256 disparities. Keyed by (K, prefetch depth): with
+# many lines (depth 1, below) the kernel waits on its loads (ncu, 1920x1080/128/8: 13 of
+# 18 cycles between a warp's instructions on the long scoreboard, DRAM at 62 %), and 56
+# registers fit 36 warps per SM instead of 32. H100, aggregate ms of 64 / 56, two rounds
+# in separate processes (sixteenth session): 1920x1080/128/8 4.196-4.196 / 4.019-4.034,
+# 3840x2160/128/8 20.11-20.12 / 20.14-20.16; with depth 2 the loads ahead need the
+# registers (1920x1080/128/4 2.62-2.63 / 2.99, 1242x375/128/8 1.10-1.11 / 1.38-1.39).
+# K = 16 runs best uncapped (1920x1080/256/8 9.86-9.87 ms; 128, 96, 80 registers: 9.88,
+# 10.15-10.19, 12.9).
+SGM_REGISTER_CAP = {(4, 1): 56, (4, 2): 64, (4, 3): 64}
 # The paths add into one sum volume (atomic adds of packed words; 2 bytes per cell)
 # unless STEREOCLI_SGM_SUM=volumes: one uint16 volume per direction (16 bytes per cell
 # for 8 paths), added by the selection. H100, benchmarks/gpu.py, kernel ms (aggregate +
