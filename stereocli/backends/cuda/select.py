@@ -102,6 +102,7 @@ def _make_select_kernel(vec, HOLD, P):
         rounds = HOLD if vec else (reads + P - 1) // P  # reads per lane
         mask = int32((1 << shift) - 1)
         shift32 = int32(shift)
+        scale = int32(1 << shift)  # key = cost * scale | d: a 32-bit multiply (a shift by a variable widens to 64)
         seg = int32(b - a)
         xs = a
         xe = b - 1
@@ -113,7 +114,13 @@ def _make_select_kernel(vec, HOLD, P):
         # by the instructions it issues (ncu at 1920x1080/128: 71 % of the SMs' issue
         # rate, 420 instructions a pixel with a warp a pixel). H100, selection ms before /
         # after: 741x500 0.252 / 0.219, 1242x375 0.322 / 0.283, 1920x1080/128 1.33 / 1.18,
-        # 3840x2160 7.82 / 7.47. The pixel's first read in V: row (the block's row, once)
+        # 3840x2160 7.82 / 7.47. In the loops over d, the key is cost * scale | d (a shift
+        # by a variable amount stayed 64-bit) and the right pixel's slot an unsigned index
+        # (a signed one costs a negative-index fix-up a cell): PTX of the hot loop 14 -> 9
+        # operations a cell, spills 56 -> 28 bytes; H100, selection ms (sixteenth
+        # session, before on earlier machine starts, after two runs): 741x500/64 0.075 /
+        # 0.068-0.069, 1242x375/128 0.193 / 0.181, 1920x1080/128 0.775 / 0.728-0.729,
+        # 1920x1080/256 1.536 / 1.438, 3840x2160/256 5.38 / 4.97. The pixel's first read in V: row (the block's row, once)
         # + x * reads. Every lane of a warp runs the shuffles, whether its pixel exists
         # (`there`) and is its block's or not: only the reads and writes are conditional.
         lo0 = int32(wd - 1 + min_d)  # lo = max(0, x - lo0), hi = min(n - 1, x - min_d): inside_range
@@ -141,21 +148,22 @@ def _make_select_kernel(vec, HOLD, P):
                 if there and i < reads:
                     acc = read(V, nv, base, i)
                     if full:
+                        d0 = int32(PER * i)
+                        xr0 = uint32(shiftx - d0)  # (unsigned indices: no negative-index fix-up)
                         for j in range(PER):
-                            d = int32(PER * i + j)
-                            key = int32(int32(value(acc, j) << shift32) | d)
+                            key = int32(int32(value(acc, j) * scale) | int32(d0 + j))
                             kmin = min(kmin, key)
                             if right:
-                                cuda.atomic.min(rkey, int32(shiftx - d), key)
+                                cuda.atomic.min(rkey, uint32(xr0 - uint32(j)), key)
                     else:
                         for j in range(PER):
                             d = int32(PER * i + j)
                             if d >= lo and d <= hi:
-                                key = int32(int32(value(acc, j) << shift32) | d)
+                                key = int32(int32(value(acc, j) * scale) | d)
                                 kmin = min(kmin, key)
                                 xr = int32(shiftx - d)
                                 if right and xr >= 0 and xr < seg:
-                                    cuda.atomic.min(rkey, xr, key)
+                                    cuda.atomic.min(rkey, uint32(xr), key)
                 if vec:
                     held[k] = acc
             kmin = gmin(kmin, scratch, w, lane)
