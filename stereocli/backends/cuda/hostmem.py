@@ -8,9 +8,9 @@ pipeline asks the backend for its output array (`CudaBackend.host_empty`), and l
 maps are handed out in pinned buffers from this pool.
 
 A buffer goes back to the pool when the caller has dropped the map and every view of
-it: the array handed out is made over a `_Lease`, and NumPy sets the base of every view
-to that first non-array owner, so the lease lives exactly as long as any array over
-the memory. Pinning is expensive (it costs about what the copy saves, once), so the pool
+it: the array handed out is made over a `_Lease` (its base), and every view keeps that
+array (NumPy makes it their base: it stops collapsing a chain of bases at an owner that
+is not an array), so the lease lives exactly as long as any array over the memory. Pinning is expensive (it costs about what the copy saves, once), so the pool
 keeps the freed buffers for the next maps of the same size, up to MAX_BYTES in all
 (free and handed out); beyond that, maps come in ordinary memory.
 """
@@ -81,5 +81,11 @@ class HostMaps:
 
 
 def is_pinned(a) -> bool:
-    """Whether `a` lies in a buffer of this pool (a map it handed out, or a view of one)."""
-    return isinstance(a.base, _Lease)
+    """Whether `a` lies in a buffer of this pool (a map it handed out, or a view of one:
+    its base is the map, whose base is the lease). The pipeline downloads a whole strip
+    into a view of its map (its rows): read as not pinned (only the map's own base was
+    looked at), a 3840x2160 map went through the staging buffer and a 33 MB host copy,
+    download stage 5.3-6.2 ms, instead of straight in (the bus: 0.64 ms)."""
+    while isinstance(a, np.ndarray):
+        a = a.base
+    return isinstance(a, _Lease)
