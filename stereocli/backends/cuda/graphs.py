@@ -6,8 +6,9 @@ kernels take. For a pair of the same size and options as one matched before, the
 backend replays a graph of the whole match instead: the images are copied into the
 graph's pinned buffers, the graph is launched, and the map comes back into the pinned
 map the pipeline asked for (hostmem; the graph's copy node is pointed at it before the
-launch), or into the graph's own pinned buffer and is copied from there. The kernels, their order and their arguments are those of the capture, so the
-maps are the same as without a graph.
+launch), or into the graph's own pinned buffer and is copied from there. The
+kernels, their order and their arguments are those of the capture, so the maps are the
+same as without a graph.
 
 The first match of a key runs as usual: it compiles or loads the kernels, uploads the
 constant tables and fills the buffer pool. The second is captured (stream capture in
@@ -88,22 +89,29 @@ class Graph:
 
     def retarget(self, out) -> bool:
         """Point the download at `out` when it is a pinned map of the pool of out_view's
-        size and layout (True: the next launch fills it), else back at out_view (False:
-        the caller copies the map from there)."""
+        size and layout (True: the next launch fills it), else at out_view (False: the
+        caller copies the map from there). If the driver refuses, every later map goes
+        through out_view."""
         direct = (self._copy is not None and self._is_pinned(out) and out.flags.c_contiguous
                   and out.dtype == self.out_view.dtype and out.shape == self.out_view.shape)
         target = out.ctypes.data if direct else self.out_view.ctypes.data
-        if target != self._target:
-            node, params, ctx = self._copy
-            params.dstHost = target
-            err, = self._cu.cuGraphExecMemcpyNodeSetParams(self.exec, node, params, ctx)
-            if err != self._cu.CUresult.CUDA_SUCCESS:
-                self._copy = None  # (the graph's own buffer from now on)
-                if direct:
-                    return self.retarget(out)
-                raise RuntimeError(f"cuGraphExecMemcpyNodeSetParams: {err.name}")
-            self._target = target
-        return direct
+        if target == self._target or self._point(target):
+            return direct
+        own = self.out_view.ctypes.data
+        if self._target != own and not self._point(own):  # (still at an earlier map: never launch so)
+            raise RuntimeError("could not point a CUDA graph's download at its own buffer; "
+                               "set STEREOCLI_CUDA_GRAPHS=0 to run without graphs")
+        self._copy = None
+        return False
+
+    def _point(self, target) -> bool:
+        node, params, ctx = self._copy
+        params.dstHost = target
+        err, = self._cu.cuGraphExecMemcpyNodeSetParams(self.exec, node, params, ctx)
+        if err != self._cu.CUresult.CUDA_SUCCESS:
+            return False
+        self._target = target
+        return True
 
     def destroy(self):
         if self._cu is not None:
