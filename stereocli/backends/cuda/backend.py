@@ -448,8 +448,7 @@ class CudaBackend:
             self._graphs[key] = None
             return None
         self.recycle_marks([m for _, m in before])
-        entry = self._graphs[key] = graphs.Graph(_cu, graph, exec_, cap, marks,
-                                                 is_pinned=hostmem.is_pinned if _HOST_MAPS is not None else None)
+        entry = self._graphs[key] = graphs.Graph(_cu, graph, exec_, cap, marks)
         kept = [k for k, g in self._graphs.items() if isinstance(g, graphs.Graph)]
         for old in kept[:max(0, len(kept) - graphs.GRAPHS_KEPT)]:  # the least recently used go
             gone = self._graphs.pop(old)

@@ -19,6 +19,8 @@ on. STEREOCLI_CUDA_GRAPHS=0 turns graphs off.
 """
 import os
 
+from . import hostmem
+
 GRAPHS_KEPT = 4  # keys whose graphs (and buffers) are kept, the most recently used
 ENV = "STEREOCLI_CUDA_GRAPHS"
 
@@ -54,7 +56,7 @@ class Graph:
     """An instantiated graph and what it keeps: the input and output pinned buffers and
     the timing marks [(stage, event)] its event nodes record."""
 
-    def __init__(self, cu, graph, exec_, capture, marks, is_pinned=None):
+    def __init__(self, cu, graph, exec_, capture, marks):
         self._cu = cu
         self.graph = graph
         self.exec = exec_
@@ -62,8 +64,7 @@ class Graph:
         self.out_view = capture.out_view
         self.keep = capture.keep
         self.marks = marks
-        self._is_pinned = is_pinned  # hostmem.is_pinned, or None: every map through out_view
-        self._copy = self._download_node() if is_pinned is not None else None  # (node, params, context)
+        self._copy = self._download_node()  # (node, params, context), or None: every map through out_view
         self._target = self.out_view.ctypes.data  # where the download node writes now
 
     def _download_node(self):
@@ -92,7 +93,7 @@ class Graph:
         size and layout (True: the next launch fills it), else at out_view (False: the
         caller copies the map from there). If the driver refuses, every later map goes
         through out_view."""
-        direct = (self._copy is not None and self._is_pinned(out) and out.flags.c_contiguous
+        direct = (self._copy is not None and hostmem.is_pinned(out) and out.flags.c_contiguous
                   and out.dtype == self.out_view.dtype and out.shape == self.out_view.shape)
         target = out.ctypes.data if direct else self.out_view.ctypes.data
         if target == self._target or self._point(target):

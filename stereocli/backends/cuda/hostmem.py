@@ -10,9 +10,10 @@ maps are handed out in pinned buffers from this pool.
 A buffer goes back to the pool when the caller has dropped the map and every view of
 it: the array handed out is made over a `_Lease` (its base), and every view keeps that
 array (NumPy makes it their base: it stops collapsing a chain of bases at an owner that
-is not an array), so the lease lives exactly as long as any array over the memory. Pinning is expensive (it costs about what the copy saves, once), so the pool
-keeps the freed buffers for the next maps of the same size, up to MAX_BYTES in all
-(free and handed out); beyond that, maps come in ordinary memory.
+is not an array), so the lease lives exactly as long as any array over the memory.
+Pinning is expensive (it costs about what the copy saves, once), so the pool keeps the
+freed buffers for the next maps of the same size, up to MAX_BYTES in all (free and
+handed out); beyond that, maps come in ordinary memory.
 """
 import threading
 import weakref

@@ -120,8 +120,8 @@ def _make_select_kernel(vec, HOLD, P):
         # operations a cell, spills 56 -> 28 bytes; H100, selection ms (sixteenth
         # session, before on earlier machine starts, after two runs): 741x500/64 0.075 /
         # 0.068-0.069, 1242x375/128 0.193 / 0.181, 1920x1080/128 0.775 / 0.728-0.729,
-        # 1920x1080/256 1.536 / 1.438, 3840x2160/256 5.38 / 4.97. The pixel's first read in V: row (the block's row, once)
-        # + x * reads. Every lane of a warp runs the shuffles, whether its pixel exists
+        # 1920x1080/256 1.536 / 1.438, 3840x2160/256 5.38 / 4.97. The pixel's first read
+        # in V: row (the block's row, once) + x * reads. Every lane of a warp runs the shuffles, whether its pixel exists
         # (`there`) and is its block's or not: only the reads and writes are conditional.
         lo0 = int32(wd - 1 + min_d)  # lo = max(0, x - lo0), hi = min(n - 1, x - min_d): inside_range
         n1 = int32(n - 1)
