@@ -464,10 +464,16 @@ def slope_window_cell(y, e, i):
 
 
 @shared
-def slope_value(d0, s, x, e):
-    """The run's value at column x: d0 = d(e) continued along the slope s (float64;
-    s has 24 significant bits, so the product is exact) to x."""
-    return np.float32(d0 + s * (x - e))
+def slope_continue(disp, first, y, e, s, out, start, step):
+    """The run of row y that ends at e (first[y, e] its start) continued from d(e) along
+    the slope s (float64; s has 24 significant bits, so each product is exact) wherever
+    that still lies outside the right image (d > x): its columns first[y, e] + start,
+    + step, ... (the GPU's threads share a run out so)."""
+    d0 = np.float64(disp[y, e])
+    for x in range(first[y, e] + start, e, step):
+        v = np.float32(d0 + s * (x - e))
+        if v > x:
+            out[y, x] = v
 
 
 @shared
@@ -486,11 +492,7 @@ def slope_apply_at(disp, first, slopes, y, e, buf, out):
                 buf[n] = v
                 n += 1
     s = np.float64(sorted_median(buf, n)) if n > 0 else 0.0
-    d0 = np.float64(disp[y, e])
-    for x in range(first[y, e], e):
-        v = slope_value(d0, s, x, e)
-        if v > x:
-            out[y, x] = v
+    slope_continue(disp, first, y, e, s, out, 0, 1)
 
 
 @shared

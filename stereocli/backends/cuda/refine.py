@@ -150,11 +150,7 @@ def slope_fill_kernel(disp, first, slopes, sloped, mode, out):
         s = 0.0
         if n > 0:
             s = float64(ref.middle(med[0], med[1], n))
-        d0 = float64(disp[y, e])
-        for x in range(first[y, e] + t, e, FILL_THREADS):
-            v = ref.slope_value(d0, s, x, e)
-            if v > x:
-                sloped[y, x] = v
+        ref.slope_continue(disp, first, y, e, s, sloped, t, FILL_THREADS)
         cuda.syncthreads()
         if t == 0:
             cnt[1] = 0
