@@ -260,13 +260,13 @@ def _run_strip(gl: np.ndarray, gr: np.ndarray, params: Params, bk, timer: _Timer
     confidence or None) of the strip; guide: the left strip as io.to_guide gives it, for
     the weighted median; out: where the disparity goes, if given."""
     if gl.dtype == np.uint8:
-        G, Gr = bk.upload(gl), bk.upload(gr)
+        G, Gr = bk.upload_inputs(gl, gr)
         if params.cost == "census" and params.preprocess == "none":
             L, R = G, Gr  # the census compares grey levels: the bytes give the float32 images' strings
         else:
             L, R = bk.to_float(G), bk.to_float(Gr)
     else:
-        L, R, G = bk.upload(gl), bk.upload(gr), bk.upload(np.clip(np.round(gl), 0, 255).astype(np.uint8))
+        L, R, G = bk.upload_inputs(gl, gr, np.clip(np.round(gl), 0, 255).astype(np.uint8))
     timer.lap("upload")
     L, R = _preprocess(bk, L, R, params)
     timer.lap("preprocess")

@@ -117,6 +117,9 @@ class CpuBackend:
     def upload(self, a):
         return np.ascontiguousarray(a)
 
+    def upload_inputs(self, *arrays):
+        return [self.upload(a) for a in arrays]
+
     def to_float(self, a):
         return a.astype(np.float32)
 

@@ -24,6 +24,10 @@ class Backend(Protocol):
     def upload(self, a) -> Array:
         """A host numpy array onto the device (no copy on the CPU)."""
 
+    def upload_inputs(self, *arrays) -> list:
+        """The arrays a strip starts from, on the device: upload's, called before anything
+        else of the strip is queued."""
+
     def to_float(self, a: Array) -> Array:
         """uint8 (H, W) -> float32 (H, W), the same values."""
 
