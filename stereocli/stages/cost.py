@@ -89,6 +89,14 @@ def census_scale_magic(nbits: int) -> tuple[np.uint32, np.uint32, np.uint32]:
 
 
 @shared
+def census_scaled(ham, mul, add, shift):
+    """census_scale(nbits)[ham] for a Hamming distance ham (uint32), computed from
+    census_scale_magic(nbits) = (mul, add, shift) instead of looked up."""
+    v = np.uint32(ham * mul + add)  # (32-bit arithmetic: the magic keeps 64 * mul + add below 2**32)
+    return np.uint32(min(v >> shift, np.uint32(255)))
+
+
+@shared
 def census_cost_value(a, b, scale):
     """Hamming distance of two census strings, scaled to cost units by the table `scale`."""
     v = a ^ b
@@ -254,8 +262,7 @@ def census_pixel_costs(codes, y, x, C, cy):
         v = v - ((v >> np.uint64(1)) & M1)
         v = (v & M2) + ((v >> np.uint64(2)) & M2)
         v = (v + (v >> np.uint64(4))) & M4
-        ham = np.uint32((v * H01) >> np.uint64(56))
-        inside[d] = np.uint8(min((ham * mul + add) >> shift, np.uint32(255)))
+        inside[d] = np.uint8(census_scaled(np.uint32((v * H01) >> np.uint64(56)), mul, add, shift))
     for d in range(hi, ndisp):
         out[d] = OUTSIDE
 

@@ -546,14 +546,15 @@ class CudaBackend:
         bx, by = kcost.CENSUS_BLOCK
         self._launch(census, ((w + bx - 1) // bx, (h + by - 1) // by, 2), (bx, by), left, right, cl, cr)
         vol = self._empty((h, w, ndisp), np.uint8)
-        scale = self._census_scale(wx * wy - 1)
         if ndisp % 8 == 0 and ndisp <= kcost.TILE_MAX_D:
-            self._launch(kcost.census_volume_px_kernel, ((w + kcost.PX_TILE - 1) // kcost.PX_TILE, h),
-                         kcost.PX_THREADS, cl, cr, min_d, scale, vol.view(np.uint64))
+            self._launch(kcost.census_volume_px_kernel_for(wx * wy - 1), ((w + kcost.PX_TILE - 1) // kcost.PX_TILE, h),
+                         kcost.PX_THREADS, cl, cr, min_d, vol.view(np.uint64))
         elif ndisp % 4 == 0 and not kc.SIM:
-            self._launch_rows(kcost.census_volume4_kernel, h, w * ndisp // 4, cl, cr, min_d, scale, vol.view(np.uint32))
+            self._launch_rows(kcost.census_volume4_kernel, h, w * ndisp // 4, cl, cr, min_d,
+                              self._census_scale(wx * wy - 1), vol.view(np.uint32))
         else:
-            self._launch_rows(kcost.census_volume_kernel, h, w * ndisp, cl, cr, min_d, scale, vol)
+            self._launch_rows(kcost.census_volume_kernel, h, w * ndisp, cl, cr, min_d,
+                              self._census_scale(wx * wy - 1), vol)
         return vol
 
     def _census_scale(self, nbits):

@@ -113,75 +113,101 @@ _PX_CODES = PX_TILE + TILE_MAX_D - 1
 _PX_STAGE = PX_TILE * (PX_CHUNK + 1)
 
 
-@cuda.jit(cache=CACHE)
-def census_volume_px_kernel(cl, cr, min_d, scale, vol8):
-    """The census volume with a thread per left pixel (D % 8 == 0, D <= TILE_MAX_D), a
-    block per PX_TILE pixels of one row (grid: tiles, rows). The right strings the
-    block meets are read once into shared memory; a thread's disparities read them at
-    descending positions, its neighbours' at the next ones (no bank conflicts, no
-    padding). Each word of eight costs is built from two 32-bit halves, without bound
-    checks where all eight right pixels lie inside. The words go through shared memory
-    PX_CHUNK per pixel at a time, and the block writes them out a pixel's run of words
-    after another (coalesced). It replaced a kernel with a thread per word (a division
-    per word, a padded index and a bound check per cost: about 47 instructions a cost,
-    bound by the integer pipeline, ncu 83 %). H100, benchmarks/gpu.py's cost stage (this
-    and the census transform), ms before / after both changed: 741x500/64 0.086 / 0.062,
-    1242x375/128 0.151 / 0.100, 1920x1080/128 0.624 / 0.379, 1920x1080/256 1.012 /
-    0.592, 3840x2160/256 4.00 / 2.28 (this kernel alone at 4K: 2.54 against 4.00)."""
-    tab = _shared_scale(scale)
-    crs = cuda.shared.array(_PX_CODES, uint64)
-    stage = cuda.shared.array(_PX_STAGE, uint64)
-    left = cuda.local.array(PX_EACH, uint64)  # the thread's left strings (a register on the GPU)
-    h, w, n8 = vol8.shape
-    nd = 8 * n8
-    y = cuda.blockIdx.y
-    x0 = cuda.blockIdx.x * PX_TILE
-    tid = cuda.threadIdx.x
-    xlo = int32(cst.right_x(x0, min_d, nd - 1))  # the right column of crs[0]
-    for j in range(tid, PX_TILE + nd - 1, PX_THREADS):
-        xr = xlo + j
-        crs[j] = cr[y, xr] if xr >= 0 and xr < w else uint64(0)
-    for i in range(PX_EACH):
-        x = x0 + i * PX_THREADS + tid
-        left[i] = cl[y, x] if x < w else uint64(0)
-    cuda.syncthreads()
-    for c0 in range(0, n8, PX_CHUNK):
+@cuda.jit(device=True, inline=True)
+def _popc2(a, b):
+    """Hamming distance of two uint64 strings: a popc of each 32-bit half."""
+    v = a ^ b
+    return uint32(cuda.popc(uint32(v & uint64(0xFFFFFFFF)))) + uint32(cuda.popc(uint32(v >> uint64(32))))
+
+
+_PX_KERNELS = {}
+
+
+def census_volume_px_kernel_for(nbits):
+    """census_volume_px_kernel for census strings of nbits bits: the scale to cost units
+    (census_scale_magic) is compiled in as constants, so it stays 32-bit arithmetic (as
+    arguments, the variable shift made it 64-bit) and costs a multiply-add and a shift
+    instead of a lookup in shared memory (whose banks the lanes' Hamming distances hit at
+    random)."""
+    if nbits in _PX_KERNELS:
+        return _PX_KERNELS[nbits]
+    mul, add, shift = _cost.census_scale_magic(nbits)
+
+    @cuda.jit(cache=CACHE)
+    def census_volume_px_kernel(cl, cr, min_d, vol8):
+        """The census volume with a thread per left pixel (D % 8 == 0, D <= TILE_MAX_D), a
+        block per PX_TILE pixels of one row (grid: tiles, rows). The right strings the
+        block meets are read once into shared memory; a thread's disparities read them at
+        descending positions, its neighbours' at the next ones (no bank conflicts, no
+        padding). Each word of eight costs is built from two 32-bit halves, without bound
+        checks where all eight right pixels lie inside. The words go through shared memory
+        PX_CHUNK per pixel at a time, and the block writes them out a pixel's run of words
+        after another (coalesced). It replaced a kernel with a thread per word (a division
+        per word, a padded index and a bound check per cost: about 47 instructions a cost,
+        bound by the integer pipeline, ncu 83 %). H100, benchmarks/gpu.py's cost stage (this
+        and the census transform), ms before / after both changed: 741x500/64 0.086 / 0.062,
+        1242x375/128 0.151 / 0.100, 1920x1080/128 0.624 / 0.379, 1920x1080/256 1.012 /
+        0.592, 3840x2160/256 4.00 / 2.28 (this kernel alone at 4K: 2.54 against 4.00).
+        The scale to cost units as constants instead of a table in shared memory: H100,
+        kernel_times cost ms 1920x1080/128 0.379 -> 0.356, /256 0.592 -> 0.556,
+        3840x2160/256 2.28 -> 2.14 (ncu at 1920x1080/128: census 0.112, this 0.244)."""
+        crs = cuda.shared.array(_PX_CODES, uint64)
+        stage = cuda.shared.array(_PX_STAGE, uint64)
+        left = cuda.local.array(PX_EACH, uint64)  # the thread's left strings (a register on the GPU)
+        h, w, n8 = vol8.shape
+        nd = 8 * n8
+        y = cuda.blockIdx.y
+        x0 = cuda.blockIdx.x * PX_TILE
+        tid = cuda.threadIdx.x
+        xlo = int32(cst.right_x(x0, min_d, nd - 1))  # the right column of crs[0]
+        for j in range(tid, PX_TILE + nd - 1, PX_THREADS):
+            xr = xlo + j
+            crs[j] = cr[y, xr] if xr >= 0 and xr < w else uint64(0)
         for i in range(PX_EACH):
-            px = i * PX_THREADS + tid  # the pixel's place in the tile
-            a = left[i]
-            dhi = int32(cst.right_x(x0 + px, min_d, 0))  # the disparity indices whose right pixel lies inside: dlo..dhi
-            dlo = dhi - (w - 1)
-            top = uint32(px + nd - 1)  # the crs index of disparity index 0
-            for k in range(PX_CHUNK):
-                wi = c0 + k
-                if wi < n8:  # (the same for the whole block)
-                    d0 = int32(8 * wi)
-                    word = uint64(0)
-                    if d0 >= dlo and d0 + 7 <= dhi:
-                        jb = top - uint32(d0)
-                        lo = uint32(0)
-                        hi = uint32(0)
-                        for b in range(4):
-                            lo |= uint32(tab[cuda.popc(a ^ crs[jb - uint32(b)])]) << uint32(8 * b)
-                        for b in range(4):
-                            hi |= uint32(tab[cuda.popc(a ^ crs[jb - uint32(4 + b)])]) << uint32(8 * b)
-                        word = uint64(lo) | (uint64(hi) << uint64(32))
-                    else:
-                        for b in range(8):
-                            d = d0 + b
-                            v = uint64(OUTSIDE)
-                            if d >= dlo and d <= dhi:
-                                v = uint64(tab[cuda.popc(a ^ crs[top - uint32(d)])])
-                            word |= v << uint64(8 * b)
-                    stage[px * (PX_CHUNK + 1) + k] = word
+            x = x0 + i * PX_THREADS + tid
+            left[i] = cl[y, x] if x < w else uint64(0)
         cuda.syncthreads()
-        for r in range(PX_CHUNK * PX_EACH):
-            e = r * PX_THREADS + tid
-            p = e // PX_CHUNK
-            k = e % PX_CHUNK
-            if x0 + p < w and c0 + k < n8:
-                vol8[y, x0 + p, c0 + k] = stage[p * (PX_CHUNK + 1) + k]
-        cuda.syncthreads()
+        for c0 in range(0, n8, PX_CHUNK):
+            for i in range(PX_EACH):
+                px = i * PX_THREADS + tid  # the pixel's place in the tile
+                a = left[i]
+                dhi = int32(cst.right_x(x0 + px, min_d, 0))  # disparities with the right pixel inside: dlo..dhi
+                dlo = dhi - (w - 1)
+                top = uint32(px + nd - 1)  # the crs index of disparity index 0
+                for k in range(PX_CHUNK):
+                    wi = c0 + k
+                    if wi < n8:  # (the same for the whole block)
+                        d0 = int32(8 * wi)
+                        word = uint64(0)
+                        if d0 >= dlo and d0 + 7 <= dhi:
+                            jb = top - uint32(d0)
+                            lo = uint32(0)
+                            hi = uint32(0)
+                            for b in range(4):
+                                v = cst.census_scaled(_popc2(a, crs[jb - uint32(b)]), mul, add, shift)
+                                lo |= v << uint32(8 * b)
+                            for b in range(4):
+                                v = cst.census_scaled(_popc2(a, crs[jb - uint32(4 + b)]), mul, add, shift)
+                                hi |= v << uint32(8 * b)
+                            word = uint64(lo) | (uint64(hi) << uint64(32))
+                        else:
+                            for b in range(8):
+                                d = d0 + b
+                                v = uint64(OUTSIDE)
+                                if d >= dlo and d <= dhi:
+                                    v = uint64(cst.census_scaled(_popc2(a, crs[top - uint32(d)]), mul, add, shift))
+                                word |= v << uint64(8 * b)
+                        stage[px * (PX_CHUNK + 1) + k] = word
+            cuda.syncthreads()
+            for r in range(PX_CHUNK * PX_EACH):
+                e = r * PX_THREADS + tid
+                p = e // PX_CHUNK
+                k = e % PX_CHUNK
+                if x0 + p < w and c0 + k < n8:
+                    vol8[y, x0 + p, c0 + k] = stage[p * (PX_CHUNK + 1) + k]
+            cuda.syncthreads()
+    _PX_KERNELS[nbits] = census_volume_px_kernel
+    return census_volume_px_kernel
 
 
 @cuda.jit(cache=CACHE)
