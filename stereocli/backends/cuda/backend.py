@@ -739,15 +739,15 @@ class CudaBackend:
         else:
             V, vec = agg.reshape(1, agg.size), False
         h, w, n = agg.shape
-        shift = max(1, int(n - 1).bit_length())  # key = cost << shift | d, cost < 2**16
-        if shift > 15:
-            raise StereoError(f"the CUDA selection takes at most 32768 disparities, not {n}; use --device cpu")
+        if n > 1 << ksel.KEY_SHIFT:  # key = cost << KEY_SHIFT | d, cost < 2**16
+            raise StereoError(f"the CUDA selection takes at most {1 << ksel.KEY_SHIFT} disparities, not {n}; "
+                              f"use --device cpu")
         out = self._empty((h, w), np.float32)
         out_r = self._empty((h, w), np.float32) if right else out
         out_c = self._empty((h, w), np.float32) if confidence else out
         grid = ((w + ksel.SELECT_SEGMENT - 1) // ksel.SELECT_SEGMENT, h)
-        self._launch(ksel.select_kernel_for(vec, n), grid, kc.SGM_LANES * ksel.SELECT_WARPS,
-                     V, V.shape[0], w, n, shift, min_d, np.float32(uniqueness), bool(subpixel), bool(right),
+        self._launch(ksel.select_kernel_for(vec, n, V.shape[0]), grid, kc.SGM_LANES * ksel.SELECT_WARPS,
+                     V, V.shape[0], w, n, min_d, np.float32(uniqueness), bool(subpixel), bool(right),
                      bool(confidence), out, out_r, out_c)
         return out, (out_r if right else None), (out_c if confidence else None)
 

@@ -11,9 +11,19 @@ from .common import _REGS, CACHE, SGM_LANES, SIM, from_lane, group_min_for, warp
 cst = device_twins(_cost)  # the stage's shared arithmetic, as device functions
 sel = device_twins(_sel)  # the stage's shared arithmetic, as device functions
 
-SELECT_WARPS = 1 if SIM else 8  # pixel groups (warps) per block of the selection kernel
+# Warps per block of the selection kernel. A block takes a row (up to SELECT_SEGMENT
+# columns), so 1080 rows made 2.05 waves of 8-warp blocks (4 a SM, 64 registers): the
+# third wave ran 24 blocks on an idle GPU. With 16 warps a row takes half the time in
+# the same number of warps per SM. H100, kernel_times selection ms, 8 / 16 / 32 warps
+# (one process each): 741x500/64 0.068 / 0.067 / 0.071, 1242x375/128 0.181 / 0.176 /
+# 0.161, 1920x1080/128 0.723 / 0.668 / 0.672, 1920x1080/256 1.424 / 1.310 / 1.304,
+# 3840x2160/256 4.91 / 4.73 / 4.77. STEREOCLI_SELECT_WARPS sets it (tuning).
+SELECT_WARPS = 1 if SIM else int(os.environ.get("STEREOCLI_SELECT_WARPS", "16"))
 SELECT_SEGMENT = 4096  # right pixels per block (their running minima live in shared memory)
 NO_KEY = 0x7FFFFFFF
+KEY_SHIFT = 15  # key = cost << KEY_SHIFT | d: costs below 2**16 and d below 2**15 fill a positive int32
+KEY_MASK = (1 << KEY_SHIFT) - 1
+KEY_FIELD = 0x7FFF8000  # a 16-bit field's place in a key
 NO_RUNNER = _sel.NO_RUNNER  # the uniqueness runner-up when there is none (margin_confidence: 1)
 
 
@@ -32,7 +42,7 @@ def _group_exchange(P):
     return gmin, gfrom
 
 
-def _make_select_kernel(vec, HOLD, P):
+def _make_select_kernel(vec, HOLD, P, WARPS, ONE):
     """Winner-takes-all for the left image and, in the same pass, for the right image,
     reading the nv direction volumes of SGM (or one aggregated volume) and adding them
     as it goes: the sum is never stored. `vec`: uint16 volumes read as uint64 words of
@@ -42,7 +52,7 @@ def _make_select_kernel(vec, HOLD, P):
 
     Block (segment, y) owns the right pixels xr of one segment of row y and the left
     pixels x of the same columns. A group of P lanes takes one left pixel (a warp
-    32 / P of them side by side), its lanes striding over d: the key cost << shift | d
+    32 / P of them side by side), its lanes striding over d: the key cost << KEY_SHIFT | d
     reduced with shuffles gives the smallest cost and its first index at once (the
     CPU's tie rule), a second pass the uniqueness runner-up, the subpixel neighbours
     come from the lanes holding them; the group's first lane ends with the CPU's
@@ -57,7 +67,10 @@ def _make_select_kernel(vec, HOLD, P):
 
     @cuda.jit(device=True, inline=True)
     def read(V, nv, base, i):
-        """The summed costs of read i of a pixel (base: the pixel's first read in V's rows)."""
+        """The summed costs of read i of a pixel (base: the pixel's first read in V's rows);
+        ONE: V is one volume (SGM's sum), read without a loop over volumes."""
+        if ONE:
+            return uint64(V[0, uint64(base + i)])
         acc = uint64(0)
         for v in range(nv):
             acc += uint64(V[v, uint64(base + i)])
@@ -72,6 +85,17 @@ def _make_select_kernel(vec, HOLD, P):
         return int32(acc)
 
     @cuda.jit(device=True, inline=True)
+    def field_key(acc, j, d):
+        """The key of cost j of a read and disparity d: vec, its 16-bit field moved to
+        KEY_FIELD in 32 bits (a shift and a mask, no extraction); d has bits 0..KEY_SHIFT-1."""
+        if vec:
+            half = uint32(acc >> uint64(32)) if j >= 2 else uint32(acc)
+            if j % 2 == 0:
+                return int32(((half << uint32(KEY_SHIFT)) & uint32(KEY_FIELD)) | uint32(d))
+            return int32(((half >> uint32(16 - KEY_SHIFT)) & uint32(KEY_FIELD)) | uint32(d))
+        return int32(int32(acc) << KEY_SHIFT) | d
+
+    @cuda.jit(device=True, inline=True)
     def held_value(held, d):
         """This lane's candidate for cost d: field d % 4 of its held read (d // 4) // P
         (the lane (d // 4) % P of the group holds the right one)."""
@@ -83,9 +107,11 @@ def _make_select_kernel(vec, HOLD, P):
         return int32((acc >> uint64(16 * (d & 3))) & uint64(0xFFFF))
 
     @cuda.jit(cache=CACHE, **_REGS("STEREOCLI_SELECT_REGS", 64))  # 4 blocks per SM, not 3: 15 % faster
-    def select_kernel(V, nv, wd, n, shift, min_d, uniqueness, subpixel, right, confidence, out, out_r, out_c):
+    def select_kernel(V, nv, wd, n, min_d, uniqueness, subpixel, right, confidence, out, out_r, out_c):
+        # the right pixels' keys, the segment's last column first: a read's four cells
+        # then go to ascending slots, at constant offsets from the first one's address
         rkey = cuda.shared.array(SELECT_SEGMENT, int32)
-        scratch = cuda.shared.array((SELECT_WARPS, SGM_LANES), int32)  # the simulator's exchange
+        scratch = cuda.shared.array((WARPS, SGM_LANES), int32)  # the simulator's exchange
         held = cuda.local.array(HOLD, uint64)
         y = cuda.blockIdx.y
         a = cuda.blockIdx.x * SELECT_SEGMENT  # this block's columns a..b-1
@@ -100,10 +126,8 @@ def _make_select_kernel(vec, HOLD, P):
         cuda.syncthreads()
         reads = int32((n + PER - 1) // PER)
         rounds = HOLD if vec else (reads + P - 1) // P  # reads per lane
-        mask = int32((1 << shift) - 1)
-        shift32 = int32(shift)
-        scale = int32(1 << shift)  # key = cost * scale | d: a 32-bit multiply (a shift by a variable widens to 64)
         seg = int32(b - a)
+        seg1 = int32(seg - 1)
         xs = a
         xe = b - 1
         if right:  # also the left pixels whose right pixel x - min_d - d can fall in a..b-1
@@ -120,15 +144,24 @@ def _make_select_kernel(vec, HOLD, P):
         # operations a cell, spills 56 -> 28 bytes; H100, selection ms (sixteenth
         # session, before on earlier machine starts, after two runs): 741x500/64 0.075 /
         # 0.068-0.069, 1242x375/128 0.193 / 0.181, 1920x1080/128 0.775 / 0.728-0.729,
-        # 1920x1080/256 1.536 / 1.438, 3840x2160/256 5.38 / 4.97. The pixel's first read
-        # in V: row (the block's row, once) + x * reads. Every lane of a warp runs the shuffles, whether its pixel exists
-        # (`there`) and is its block's or not: only the reads and writes are conditional.
+        # 1920x1080/256 1.536 / 1.438, 3840x2160/256 5.38 / 4.97. Then (seventeenth
+        # session) the key is a shift and a mask of its 16-bit field in the packed word
+        # (field_key: a fixed KEY_SHIFT, no multiply, no extraction), the right slots are
+        # reversed so a read's four atomics take constant offsets from one address, the
+        # one sum volume is read without the loop over volumes (ONE), and blocks have 16
+        # warps (SELECT_WARPS): ncu at 1920x1080/128 before, 413 M warp instructions
+        # (199 a pixel), issue 55 %. H100, gpu.py selection ms before / after all four:
+        # 741x500/64 0.068 / 0.052, 1242x375/128 0.181 / 0.142, 1920x1080/128 0.723 /
+        # 0.522, 1920x1080/256 1.424 / 0.987, 3840x2160/256 4.91 / 3.54.
+        # The pixel's first read in V: row (the block's row, once) + x * reads. Every lane
+        # of a warp runs the shuffles, whether its pixel exists (`there`) and is its
+        # block's or not: only the reads and writes are conditional.
         lo0 = int32(wd - 1 + min_d)  # lo = max(0, x - lo0), hi = min(n - 1, x - min_d): inside_range
         n1 = int32(n - 1)
         min_d32 = int32(min_d)
         shift0 = int32(cst.right_x(0, min_d, 0) - a)  # right pixel (in the segment) of d = 0 at x = 0
         row = uint64(y) * uint64(wd) * uint64(reads)
-        for xb in range(xs + w * PIX, xe + 1, SELECT_WARPS * PIX):
+        for xb in range(xs + w * PIX, xe + 1, WARPS * PIX):
             x32 = int32(xb + sub)
             there = x32 <= xe
             lo = int32(max(int32(0), int32(x32 - lo0)))
@@ -149,26 +182,26 @@ def _make_select_kernel(vec, HOLD, P):
                     acc = read(V, nv, base, i)
                     if full:
                         d0 = int32(PER * i)
-                        xr0 = uint32(shiftx - d0)  # (unsigned indices: no negative-index fix-up)
+                        s0 = uint64(uint32(seg1 - shiftx + d0))  # the slot of d0's right pixel (see rkey)
                         for j in range(PER):
-                            key = int32(int32(value(acc, j) * scale) | int32(d0 + j))
+                            key = field_key(acc, j, int32(d0 | j))
                             kmin = min(kmin, key)
                             if right:
-                                cuda.atomic.min(rkey, uint32(xr0 - uint32(j)), key)
+                                cuda.atomic.min(rkey, s0 + uint64(j), key)
                     else:
                         for j in range(PER):
                             d = int32(PER * i + j)
                             if d >= lo and d <= hi:
-                                key = int32(int32(value(acc, j) * scale) | d)
+                                key = int32(int32(value(acc, j) << KEY_SHIFT) | d)
                                 kmin = min(kmin, key)
                                 xr = int32(shiftx - d)
                                 if right and xr >= 0 and xr < seg:
-                                    cuda.atomic.min(rkey, uint32(xr), key)
+                                    cuda.atomic.min(rkey, uint32(seg1 - xr), key)
                 if vec:
                     held[k] = acc
             kmin = gmin(kmin, scratch, w, lane)
-            best = int32(kmin & mask)
-            bc = int32(kmin >> shift32)
+            best = int32(kmin & KEY_MASK)
+            bc = int32(kmin >> KEY_SHIFT)
             other = int32(NO_RUNNER)
             if uniqueness > float32(0.0) or confidence:
                 below, above = int32(best - 1), int32(best + 1)
@@ -213,8 +246,8 @@ def _make_select_kernel(vec, HOLD, P):
         if right:
             cuda.syncthreads()
             for i in range(tid, b - a, cuda.blockDim.x):
-                k = rkey[i]
-                out_r[y, a + i] = float32(math.nan) if k == NO_KEY else float32((k & mask) + min_d)
+                k = rkey[seg1 - i]
+                out_r[y, a + i] = float32(math.nan) if k == NO_KEY else float32((k & KEY_MASK) + min_d)
 
     return select_kernel
 
@@ -232,15 +265,16 @@ _SELECT_KERNELS = {}
 SELECT_WORDS = int(os.environ.get("STEREOCLI_SELECT_WORDS", "4"))
 
 
-def select_kernel_for(vec, n):
-    """The selection kernel for D = n disparities; vec: packed words, each lane holding
-    ceil(D / 4 / P) of them."""
+def select_kernel_for(vec, n, nv=0):
+    """The selection kernel for D = n disparities and nv volumes to add; vec: packed
+    words, each lane holding ceil(D / 4 / P) of them."""
     P = SGM_LANES
     if vec and not SIM:
         P = 1
         while P < SGM_LANES and P * SELECT_WORDS < n // 4:
             P *= 2
     hold = (n // 4 + P - 1) // P if vec else 1
-    if (vec, hold, P) not in _SELECT_KERNELS:
-        _SELECT_KERNELS[(vec, hold, P)] = _make_select_kernel(vec, hold, P)
-    return _SELECT_KERNELS[(vec, hold, P)]
+    key = (vec, hold, P, SELECT_WARPS, nv == 1)
+    if key not in _SELECT_KERNELS:
+        _SELECT_KERNELS[key] = _make_select_kernel(*key)
+    return _SELECT_KERNELS[key]
