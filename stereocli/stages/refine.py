@@ -601,11 +601,11 @@ def wmf_weight(guide, nc, lut, j, i, g0, g1, g2):
     """The weight of the sample (i, j) for a centre of colour (g0, g1, g2): lut[sum over
     B, G, R of |difference|] (a grey guide: its difference counted three times)."""
     if nc == 3:
-        dc = (abs(np.int32(guide[j, 3 * i]) - g0) + abs(np.int32(guide[j, 3 * i + 1]) - g1)
-              + abs(np.int32(guide[j, 3 * i + 2]) - g2))
+        dc = np.uint32(abs(np.int32(np.int32(guide[j, 3 * i]) - g0)) + abs(np.int32(np.int32(guide[j, 3 * i + 1]) - g1))
+                       + abs(np.int32(np.int32(guide[j, 3 * i + 2]) - g2)))
     else:
-        dc = 3 * abs(np.int32(guide[j, i]) - g0)
-    return lut[dc]
+        dc = np.uint32(3 * abs(np.int32(np.int32(guide[j, i]) - g0)))
+    return lut[dc]  # (32-bit and unsigned: no 64-bit arithmetic or negative-index fix-up on the GPU)
 
 
 @shared
@@ -620,43 +620,52 @@ def weighted_median_at(disp, guide, nc, lut, y, x, r, samples):
     h, w = disp.shape
     c = np.int32(math.floor(disp[y, x]))
     g0, g1, g2 = wmf_centre(guide, nc, y, x)
-    n = 0
-    tot = 0
+    # In 32 bits, the samples indexed unsigned (the GPU runs 64-bit arithmetic as two
+    # instructions, and a signed index costs a negative-index fix-up per sample): a bin
+    # is below 2**20 in size and a weight at most WMF_ONE, so a word and the total fit
+    n = np.uint32(0)
+    tot = np.int32(0)
     lo = np.int32(WMF_BIN_LIMIT)
     hi = np.int32(-WMF_BIN_LIMIT)
     for j in range(max(0, y - r), min(h, y + r + 1), WMF_STEP):
         for i in range(max(0, x - r), min(w, x + r + 1), WMF_STEP):
             d = disp[j, i]
             if d == d:
-                wt = wmf_weight(guide, nc, lut, j, i, g0, g1, g2)
-                b = min(max(np.int32(math.floor(d)) - c, -WMF_BIN_LIMIT), WMF_BIN_LIMIT)
-                tot += wt
+                wt = np.int32(wmf_weight(guide, nc, lut, j, i, g0, g1, g2))
+                b = np.int32(np.int32(math.floor(d)) - c)
+                b = min(max(b, np.int32(-WMF_BIN_LIMIT)), np.int32(WMF_BIN_LIMIT))
+                tot = np.int32(tot + wt)
                 lo = min(lo, b)
                 hi = max(hi, b)
-                samples[n] = (b << WMF_WEIGHT_BITS) | wt
-                n += 1
+                samples[n] = np.int32((b << WMF_WEIGHT_BITS) | wt)
+                n = np.uint32(n + np.uint32(1))
     while lo < hi:
-        mid = (lo + hi) >> 1
-        below = 0
-        for k in range(n):
-            if samples[k] >> WMF_WEIGHT_BITS <= mid:
-                below += samples[k] & WMF_WEIGHT_MASK
+        mid = np.int32((lo + hi) >> 1)
+        lim = np.int32((mid + 1) << WMF_WEIGHT_BITS)  # a sample's bin is <= mid where its word is below this
+        below = np.int32(0)
+        k = np.uint32(0)
+        while k < n:
+            v = samples[k]
+            if v < lim:
+                below = np.int32(below + (v & WMF_WEIGHT_MASK))
+            k = np.uint32(k + np.uint32(1))
         if 2 * below >= tot:
             hi = mid
         else:
-            lo = mid + 1
-    ws = 0
+            lo = np.int32(mid + 1)
+    ws = np.int32(0)
     wd = 0.0
-    k = 0
+    k = np.uint32(0)
     for j in range(max(0, y - r), min(h, y + r + 1), WMF_STEP):  # the same samples, in the same order
         for i in range(max(0, x - r), min(w, x + r + 1), WMF_STEP):
             d = disp[j, i]
             if d == d:
-                if samples[k] >> WMF_WEIGHT_BITS == lo:
-                    wt = samples[k] & WMF_WEIGHT_MASK
-                    ws += wt
+                v = samples[k]
+                if v >> WMF_WEIGHT_BITS == lo:
+                    wt = np.int32(v & WMF_WEIGHT_MASK)
+                    ws = np.int32(ws + wt)
                     wd += wt * np.float64(d)  # an exact product: a fused multiply-add rounds the same
-                k += 1
+                k = np.uint32(k + np.uint32(1))
     if ws == 0:  # every sample of the bin weighs 0: the centre's own value
         return disp[y, x]
     return np.float32(wd / ws)
