@@ -21,7 +21,6 @@ scheduler stays small for any number of pairs, and Ctrl-C only waits for those.
 """
 from __future__ import annotations
 
-import functools
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -51,37 +50,20 @@ def _require_dask():
 
 # ------------------------------------------------------------------ on the worker
 
-@functools.cache
-def _tune_malloc():
-    """Give glibc's allocator back the thresholds it has outside Dask. A Dask nanny starts
-    its worker with MALLOC_TRIM_THRESHOLD_=65536 (distributed.nanny.pre-spawn-environ),
-    which also fixes the mmap threshold at 128 KiB: every cost volume is then a fresh
-    mmap, faulted in page by page, and freed to the OS again; a batch of 384x288 pairs
-    ran at 0.65x the rate of the same process without that variable. Called once per
-    worker process; a no-op off glibc."""
-    try:
-        import ctypes
-        libc = ctypes.CDLL("libc.so.6")
-        m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's mallopt parameters
-        libc.mallopt(m_mmap_threshold, 32 * 2 ** 20)  # the most glibc's dynamic threshold reaches
-        libc.mallopt(m_trim_threshold, 64 * 2 ** 20)
-    except (OSError, AttributeError):
-        pass
-
-
 def _worker_chunk(pairs, params, device, ext, skip_existing, max_disparity, threads):
     """Runs on a worker: a chunk of pairs through the in-process batch runner (reader and
     writer threads overlapped with the matching, outputs written here) ->
     (events, summed metric counts or None, pairs evaluated). The backend is per process;
     chunks that run side by side in one worker take turns on its device."""
     from .backends import get_backend
+    from .backends.cpu import tune_malloc
     try:
         from distributed import get_worker
         worker = get_worker()
         where, limit = worker.name, getattr(getattr(worker, "memory_manager", None), "memory_limit", None)
     except Exception:  # pragma: no cover - not inside a worker
         where = limit = None
-    _tune_malloc()
+    tune_malloc()  # (a Dask nanny starts its worker with MALLOC_TRIM_THRESHOLD_=65536: see there)
     backend = _on_device(get_backend, device)
     if limit and backend.name == "cpu":  # strips planned within the worker's memory limit (dask worker --memory-limit)
         backend.memory_limit = int(limit)
