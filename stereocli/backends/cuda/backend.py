@@ -238,6 +238,10 @@ class CudaBackend:
         middle of a match waited for every kernel before it); from pinned memory it is
         only queued. The copy is the driver's call itself: Numba's copy_to_device first
         checks both arrays' layouts through views of them, about 0.1 ms."""
+        return self._upload(a, False)
+
+    def _upload(self, a, direct):
+        """upload's work; `direct`: copied from where it is whatever its size (upload_inputs)."""
         source, a = a, np.ascontiguousarray(a)
         out = self._empty(a.shape, a.dtype)
         if a.nbytes == 0:
@@ -251,7 +255,7 @@ class CudaBackend:
             self._h2d(out, pinned, a.nbytes)
             self._cap.uploaded(source, pinned)
             return out
-        if a.nbytes > self.STAGING_MAX_BYTES:
+        if direct or a.nbytes > self.STAGING_MAX_BYTES:
             self._h2d(out, a, a.nbytes)
             return out
         k = self._staged = (self._staged + 1) % self.STAGING_SLOTS
@@ -278,16 +282,8 @@ class CudaBackend:
         stage at 1920x1080 0.60-0.97 -> 0.42-0.60 ms, at 3840x2160 2.98-3.02 -> 2.07-2.44).
         With work queued, a pageable copy would make the host wait for it, so then they go
         through upload (and into a graph's own pinned buffers while one is captured)."""
-        if kc.SIM or _cu is None or self._cap is not None or not self._stream_idle():
-            return [self.upload(a) for a in arrays]
-        out = []
-        for a in arrays:
-            a = np.ascontiguousarray(a)
-            dev = self._empty(a.shape, a.dtype)
-            if a.nbytes:
-                self._h2d(dev, a, a.nbytes)
-            out.append(dev)
-        return out
+        direct = not kc.SIM and _cu is not None and self._cap is None and self._stream_idle()
+        return [self._upload(a, direct) for a in arrays]
 
     def _stream_idle(self):
         return _cu.cuStreamQuery(self._hstream)[0] == _cu.CUresult.CUDA_SUCCESS

@@ -192,7 +192,7 @@ def _make_select_kernel(vec, HOLD, P, WARPS, ONE):
                         for j in range(PER):
                             d = int32(PER * i + j)
                             if d >= lo and d <= hi:
-                                key = int32(int32(value(acc, j) << KEY_SHIFT) | d)
+                                key = field_key(acc, j, d)
                                 kmin = min(kmin, key)
                                 xr = int32(shiftx - d)
                                 if right and xr >= 0 and xr < seg:
