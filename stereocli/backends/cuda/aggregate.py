@@ -320,15 +320,24 @@ _SGM_KERNELS = {}
 # 3840x2160/128/8 20.11-20.12 / 20.14-20.16; with depth 2 the loads ahead need the
 # registers (1920x1080/128/4 2.62-2.63 / 2.99, 1242x375/128/8 1.10-1.11 / 1.38-1.39).
 # K = 16 runs best uncapped (1920x1080/256/8 9.86-9.87 ms; 128, 96, 80 registers: 9.88,
-# 10.15-10.19, 12.9).
+# 10.15-10.19, 12.9). K = 8 with 80 registers (eighteenth session, same machine start):
+# 1920x1080/256/8 9.86 -> 9.57, /256/4 5.50 -> 5.27, 3840x2160/256/8 40.6 -> 39.4, but
+# 1920x1080/192/8 7.00 -> 7.52; with 72 registers no gain. Not taken.
 SGM_REGISTER_CAP = {(4, 1): 56, (4, 2): 64, (4, 3): 64}
 # The paths add into one sum volume (atomic adds of packed words; 2 bytes per cell)
 # unless STEREOCLI_SGM_SUM=volumes: one uint16 volume per direction (16 bytes per cell
 # for 8 paths), added by the selection. H100, benchmarks/gpu.py, kernel ms (aggregate +
 # select) sum / volumes: 1920x1080/128/8 5.58 / 5.46, 1920x1080/256/8 11.9 / 10.3,
 # 1242x375/128/8 2.06 / 2.25, 741x500/128/8 1.44 / 1.69; end to end 3840x2160/256/8
-# 83 / 148 ms. The sum is read-modify-written by every path: about 40 bytes of DRAM
-# traffic per cell against 24 + 16, and the atomics run at ~2 TB/s.
+# 83 / 148 ms. The sum is read-modify-written by every path: up to 40 bytes of DRAM
+# traffic per cell against 24 + 16, and the atomics run at ~2 TB/s. ncu (eighteenth
+# session), DRAM read + written per cell: 1920x1080/128/8 17.5 + 11.7 (L2 hit 42 %:
+# the walks that reach a row together share it), /256/8 22.7 + 15.3 (26 %), /128/4
+# 11.6 + 7.7; DRAM busy 59-63 %. Computing the census costs inside the walks from the
+# census strings instead of reading the volume was tried and was slower everywhere
+# (1920x1080/128/8 aggregate 4.0 -> 4.6-5.8 ms, /256/8 9.9 -> 20.1): 8 Hamming
+# distances a cell instead of one byte loaded, 95 registers, and a lane's consecutive
+# strings made every load touch a cache line per lane (README, GPU speed).
 SGM_ATOMIC = os.environ.get("STEREOCLI_SGM_SUM", "atomic") == "atomic"
 # The costs (and guide values) of the next PF pixels of a walk are loaded ahead. With
 # few lines the kernel is bound by the latency of each step (under 2.4 warps per
