@@ -5,7 +5,10 @@ to back; `kernel_total_with_launch_gaps_ms` is the same without the hold) for ce
 stereocli.match with host arrays (default preset otherwise). One JSON line per
 configuration; the first line reports the cold (compile or cache load) time.
 
-    python benchmarks/gpu.py [--repeat 10] [--quick] [--preset quality]
+    python benchmarks/gpu.py [--repeat 10] [--quick] [--preset quality] [--large-runs 5]
+
+The last line is issue 13's 6000x4000 / 320 pair: its strips, 5 consecutive warm runs
+and their spread (benchmarks/large_pair.py compares it with the CPU's map).
 
 --preset changes the end-to-end pipeline only (the kernel times are always the
 default's census + SGM + WTA + LR check, the figures libSGM is compared with).
@@ -130,6 +133,30 @@ def kernel_times(bk, left, right, ndisp, paths, repeat, hold=True):
     return {k: min(v) for k, v in stages.items()}
 
 
+LARGE = (6000, 4000, 320, 250.0)  # issue 13's large pair: width, height, disparities, end-to-end bound (ms)
+
+
+def large_pair_line(runs):
+    """Issue 13's large pair, default preset from host arrays: how many strips, each of
+    `runs` consecutive warm runs (after one that allocates the device memory at this
+    size), their spread (slowest / fastest - 1), the stages of the last."""
+    from stereocli import config, pipeline
+    from stereocli.backends import get_backend
+    w, h, ndisp, bound = LARGE
+    left, right = pair(w, h)
+    params = config.load("default", None, {"num_disparities": ndisp})
+    bk = get_backend("cuda")
+    pipeline.run(left, right, params, bk)
+    ts = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        r = pipeline.run(left, right, params, bk)
+        ts.append((time.perf_counter() - t) * 1e3)
+    emit(preset="default", width=w, height=h, num_disparities=ndisp, strips=r.strips,
+         run_ms=[round(t, 1) for t in ts], best_ms=round(min(ts), 1), spread=round(max(ts) / min(ts) - 1, 3),
+         bound_ms=bound, stages_ms={k: round(v, 1) for k, v in r.timings.items()})
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=10)
@@ -137,6 +164,8 @@ def main():
                     help="end-to-end matches per configuration: the best and the median are printed "
                          "(libSGM's host-to-host figures are the best of 100) [30]")
     ap.add_argument("--quick", action="store_true", help="only 1242x375/128 and 1920x1080/128")
+    ap.add_argument("--large-runs", type=int, default=5,
+                    help="consecutive runs of the 6000x4000 / 320 pair at the end (0: none; not with --quick) [5]")
     ap.add_argument("--preset", default="default", help="the end-to-end pipeline's preset [default]")
     ap.add_argument("--sim-check", action="store_true",
                     help="one tiny size, for NUMBA_ENABLE_CUDASIM=1 in CI (a check that the script runs)")
@@ -177,6 +206,8 @@ def main():
              end_to_end_stages_ms={s: round(v, 2) for s, v in timings.items()},
              volume_mb=round(volume_mb, 1), device_mib=round(used / 2**20, 1) if used is not None else None,
              device_bytes_per_cell=round(used / (volume_mb * 1e6), 2) if used is not None else None)
+    if a.large_runs > 0 and not (a.quick or a.sim_check):
+        large_pair_line(a.large_runs)
 
 
 if __name__ == "__main__":
