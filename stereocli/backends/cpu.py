@@ -191,10 +191,8 @@ class CpuBackend:
 
     # costs
     def census_volume(self, left, right, min_d, ndisp, wx, wy):
-        cl = cost.census_transform_cpu(left, wx, wy)
-        cr = cost.census_transform_cpu(right, wx, wy)
-        vol = self._volume(cl.shape + (ndisp,), np.dtype(np.uint8))
-        return cost.census_volume_cpu(cl, cr, min_d, ndisp, wx * wy - 1, vol)
+        vol = self._volume(left.shape + (ndisp,), np.dtype(np.uint8))
+        return cost.census_volume_pair_cpu(left, right, min_d, ndisp, wx, wy, vol)
 
     def census_codes(self, left, right, min_d, ndisp, wx, wy):
         if left.size * ndisp < self.CENSUS_ON_THE_FLY_CELLS:

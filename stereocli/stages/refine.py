@@ -326,18 +326,31 @@ def speckle_sizes_cpu(disp, max_diff):
                     total[lab] = 0
                     ne += 1
         n_edge[b] = ne
-    for b in range(1, bands):  # (serial: a region can cross many bands)
+    # the label pairs that meet across each band's first row, listed in parallel (once
+    # along a run of the same two labels), then joined in one thread: a region can cross
+    # many bands. (Scanning the rows in that thread was most of the serial part: at 16
+    # threads the stage scaled 3.8x at teddy.)
+    pairs = np.empty((bands, w, 2), np.int32)
+    n_pairs = np.zeros(bands, np.int64)
+    for b in prange(1, bands):
         y = b * h // bands  # the band's first row, below the previous band's last
         la = lb = -1
+        k = 0
         for x in range(w):
             if _joined(disp, y - 1, x, y, x, max_diff):
                 a, c = labels[(y - 1) * w + x], labels[y * w + x]
-                if a != la or c != lb:  # (along a run of the same two labels: once)
+                if a != la or c != lb:
                     la, lb = a, c
-                    ra = _root(parent, a)
-                    rb = _root(parent, c)
-                    if ra != rb:
-                        parent[max(ra, rb)] = min(ra, rb)
+                    pairs[b, k, 0] = a
+                    pairs[b, k, 1] = c
+                    k += 1
+        n_pairs[b] = k
+    for b in range(1, bands):
+        for k in range(n_pairs[b]):
+            ra = _root(parent, pairs[b, k, 0])
+            rb = _root(parent, pairs[b, k, 1])
+            if ra != rb:
+                parent[max(ra, rb)] = min(ra, rb)
     for b in range(bands):
         for i in range(n_edge[b]):
             lab = edge[b, i]
