@@ -226,6 +226,28 @@ def test_cpu_volumes_given_back_are_used_again_with_the_same_results():
     np.testing.assert_array_equal(again, first)
 
 
+def test_cpu_keeps_the_aggregate_when_the_cost_volume_is_too_small_to_keep():
+    """At sizes where the uint8 cost volume is under KEEP_MIN_BYTES and the uint16
+    aggregate over it (741x500/64: 24 and 47 MB), the next match of that size makes its
+    aggregate in the kept one: making the cost volume must not drop it (every match
+    then mapped and faulted in a new one)."""
+    import weakref
+
+    from stereocli import config, pipeline
+    from stereocli.backends import cpu
+    bk = cpu.CpuBackend()
+    left, right = textured_pair(h=30, w=48, shift=3, seed=5)
+    bk.KEEP_MIN_BYTES = 30 * 48 * 8 + 1  # the costs (1 byte a cell) below, the aggregate (2) above
+    params = config.load("default", None, {"num_disparities": 8})
+    first = pipeline.run(left, right, params, bk).disparity
+    (kept,) = bk._spare.values()
+    ref = weakref.ref(kept)
+    del kept
+    again = pipeline.run(left, right, params, bk).disparity
+    assert ref() is not None and list(bk._spare.values()) == [ref()]  # made in it, given back again
+    np.testing.assert_array_equal(again, first)
+
+
 def test_cpu_census_costs_computed_as_the_sgm_sweeps_give_the_same_map(monkeypatch):
     """From CENSUS_ON_THE_FLY_CELLS volume cells on, the CPU stores no census volume (its
     SGM computes the costs from the census strings): the map is the stored volume's, for

@@ -117,8 +117,12 @@ class CpuBackend:
         # a new size (the next strip of a large pair, another pair's size): the kept volumes
         # go first, so that two sizes' volumes are never held at once (when they were, a
         # 3000x1400/256 pair in 3 strips peaked at 3114 MiB resident, 1746 after this;
-        # 6000x4000/320 in 4 strips at 10.4 GB)
-        self._spare.clear()
+        # 6000x4000/320 in 4 strips at 10.4 GB). Only for a new size: a volume of this
+        # size that was too small to keep (a cost volume under KEEP_MIN_BYTES beside a
+        # kept aggregate twice its size, as at 741x500/64) must not drop the kept one,
+        # which every match then mapped and faulted in afresh.
+        if any(k[0] != shape for k in self._spare):
+            self._spare.clear()
         if math.prod(shape) * dtype.itemsize >= self.TRIM_BEFORE_BYTES:
             _trim_heap()
         return np.empty(shape, dtype)
