@@ -268,4 +268,6 @@ class CpuBackend:
         return refine.median_cpu(disp, r)
 
     def weighted_median(self, disp, guide, r):
-        return refine.weighted_median_cpu(disp, guide, guide.shape[1] // disp.shape[1], _WMF_LUT, r)
+        import numba
+        return refine.weighted_median_cpu(disp, guide, guide.shape[1] // disp.shape[1], _WMF_LUT, r,
+                                           numba.get_num_threads())

@@ -688,7 +688,7 @@ WMF_INVALID = np.int32(-(1 << 30))  # weighted_median_cpu's floor(d) of a NaN
 
 
 @njit(parallel=True, cache=CACHE)
-def weighted_median_cpu(disp, guide, nc, lut, r):
+def weighted_median_cpu(disp, guide, nc, lut, r, threads=1):
     """weighted_median_at at the disparity edges (disparity_edge_at, here
     from separable extremes: NaN read as +inf for the minimum and -inf for the maximum,
     so the loops have no branch); elsewhere the map as it is."""
@@ -728,10 +728,17 @@ def weighted_median_cpu(disp, guide, nc, lut, r):
                 hi[y, x] = max(hi[y, x], b[x + i])
     span = max(0, fmax.max() - fmin.min())  # bins lie in [-span, span]
     out = np.empty_like(disp)  # (each row copied by its task below, not by one thread here)
-    order = np.empty(h, np.int64)  # rows interleaved 8 apart: a thread's share of rows spreads
-    t = 0                          # over the image, and so do the depth edges (the work)
-    for s in range(8):
-        for y in range(s, h, 8):
+    # The rows interleaved `threads` apart (the caller's numba.get_num_threads(), which
+    # called here would keep the function out of the cache): the loop below gives each
+    # thread a run of consecutive entries, so its rows then spread over the whole image,
+    # and so do the depth edges (the work). (8 apart, a thread's rows spanned half the
+    # image at 16 threads, and the stage scaled 5.4-6.5x from 1 to 16 on the H100
+    # machine's host.)
+    stride = max(1, min(threads, h))
+    order = np.empty(h, np.int64)
+    t = 0
+    for s in range(stride):
+        for y in range(s, h, stride):
             order[t] = y
             t += 1
     D = disp.ravel()  # flat arrays, indexed by unsigned offsets: no negative-index wrap-around
