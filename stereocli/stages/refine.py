@@ -351,15 +351,19 @@ def speckle_sizes_cpu(disp, max_diff):
             rb = _root(parent, pairs[b, k, 1])
             if ra != rb:
                 parent[max(ra, rb)] = min(ra, rb)
-    for b in range(bands):
+    roots = np.empty((bands, 2 * w), np.int32)  # each listed label's root, found in parallel
+    for b in prange(bands):  # (no joins follow: parent is only read here)
         for i in range(n_edge[b]):
-            lab = edge[b, i]
-            r = _root(parent, lab)
-            parent[lab] = r  # (no joins follow: the loop below reads roots without walking)
-            total[r] += sizes[lab]
+            r = edge[b, i]
+            while parent[r] != r:
+                r = parent[r]
+            roots[b, i] = r
+    for b in range(bands):  # (serial: the bands' labels add into shared totals)
+        for i in range(n_edge[b]):
+            total[roots[b, i]] += sizes[edge[b, i]]
     for b in prange(bands):  # each listed label's region size (the others' is their band's)
         for i in range(n_edge[b]):
-            sizes[edge[b, i]] = total[parent[edge[b, i]]]
+            sizes[edge[b, i]] = total[roots[b, i]]
     out = np.empty((h, w), np.int32)
     for y in prange(h):
         for x in range(w):
