@@ -252,7 +252,9 @@ class CpuBackend:
         return refine.lr_check_cpu(disp, disp_r, np.float32(max_diff))
 
     def speckle(self, disp, max_size, max_diff):
-        return refine.speckle_apply_cpu(disp, refine.speckle_sizes_cpu(disp, np.float32(max_diff)), max_size)
+        import numba
+        sizes = refine.speckle_sizes_cpu(disp, np.float32(max_diff), numba.get_num_threads())
+        return refine.speckle_apply_cpu(disp, sizes, max_size)
 
     def keep_confidence(self, conf, disp):
         return refine.keep_confidence_cpu(conf, disp)
