@@ -31,6 +31,23 @@ def make_sweep(T, K, regs=0):
     D = LANES * K
     SLOTS = T + 2  # (shared array sizes must be plain constants)
 
+    @cuda.jit(device=True, inline=True)
+    def start(c, out):
+        """A path's first pixel: L = C."""
+        for k in range(K):
+            out[k] = c[k]
+
+    @cuda.jit(device=True, inline=True)
+    def update(c, prev, m, p1, p2, out, scratch, j, lane):
+        """out = SGM's update of the path's L at the previous pixel (prev, its minimum m)
+        with this pixel's costs c; the neighbouring lanes' edge disparities by shuffles."""
+        lo0 = from_lane_below(prev[K - 1], scratch, j, lane)
+        hiK = from_lane_above(prev[0], scratch, j, lane)
+        for k in range(K):
+            lo = prev[k - 1] if k > 0 else lo0
+            hi = prev[k + 1] if k + 1 < K else hiK
+            out[k] = agg.sgm_value(c[k], prev[k], lo, hi, m, p1, p2)
+
     @cuda.jit(**({"max_registers": regs} if regs else {}))
     def sweep(C, G, h, w, p1, p2tab_g, S, down, first, edge, edgem, flags):
         p2tab = cuda.shared.array(256, int32)
@@ -92,46 +109,23 @@ def make_sweep(T, K, regs=0):
                 g = int32(G[y * w + x])
                 # vertical path (dx 0): previous pixel (x, yp), in registers
                 if r == 0:
-                    for k in range(K):
-                        L0[k] = c[k]
+                    start(c, L0)
                 else:
-                    p2 = p2tab[abs(g - int32(G[yp * w + x]))]
-                    lo0 = from_lane_below(Lv[K - 1], scratch, j, lane)
-                    hiK = from_lane_above(Lv[0], scratch, j, lane)
-                    for k in range(K):
-                        lo = Lv[k - 1] if k > 0 else lo0
-                        hi = Lv[k + 1] if k + 1 < K else hiK
-                        L0[k] = agg.sgm_value(c[k], Lv[k], lo, hi, mv, p1i, p2)
+                    update(c, Lv, mv, p1i, p2tab[abs(g - int32(G[yp * w + x]))], L0, scratch, j, lane)
                 # dx = +1: previous pixel (x - 1, yp): slot j
                 if r == 0 or x == 0:
-                    for k in range(K):
-                        L1[k] = c[k]
+                    start(c, L1)
                 else:
-                    p2 = p2tab[abs(g - int32(G[yp * w + x - 1]))]
                     for k in range(K):
                         pv[k] = int32(Ld[0, j, d0 + k])
-                    m = Md[0, j]
-                    lo0 = from_lane_below(pv[K - 1], scratch, j, lane)
-                    hiK = from_lane_above(pv[0], scratch, j, lane)
-                    for k in range(K):
-                        lo = pv[k - 1] if k > 0 else lo0
-                        hi = pv[k + 1] if k + 1 < K else hiK
-                        L1[k] = agg.sgm_value(c[k], pv[k], lo, hi, m, p1i, p2)
+                    update(c, pv, Md[0, j], p1i, p2tab[abs(g - int32(G[yp * w + x - 1]))], L1, scratch, j, lane)
                 # dx = -1: previous pixel (x + 1, yp): slot j + 2
                 if r == 0 or x == w - 1:
-                    for k in range(K):
-                        L2[k] = c[k]
+                    start(c, L2)
                 else:
-                    p2 = p2tab[abs(g - int32(G[yp * w + x + 1]))]
                     for k in range(K):
                         pv[k] = int32(Ld[1, j + 2, d0 + k])
-                    m = Md[1, j + 2]
-                    lo0 = from_lane_below(pv[K - 1], scratch, j, lane)
-                    hiK = from_lane_above(pv[0], scratch, j, lane)
-                    for k in range(K):
-                        lo = pv[k - 1] if k > 0 else lo0
-                        hi = pv[k + 1] if k + 1 < K else hiK
-                        L2[k] = agg.sgm_value(c[k], pv[k], lo, hi, m, p1i, p2)
+                    update(c, pv, Md[1, j + 2], p1i, p2tab[abs(g - int32(G[yp * w + x + 1]))], L2, scratch, j, lane)
                 a0 = int32(BIG)
                 a1 = int32(BIG)
                 a2 = int32(BIG)
