@@ -120,5 +120,6 @@ def alternate(a, counts, rounds=2):
             got[t] = r
             emit(**r)
 
+
 if __name__ == "__main__":
     main()

@@ -3,6 +3,7 @@ import functools
 import math
 import time
 
+import numba
 import numpy as np
 
 from ..stages import aggregate, cost, preprocess, refine, select
@@ -140,7 +141,6 @@ class CpuBackend:
                 self._spare[key] = a
 
     def describe(self) -> str:
-        import numba
         return f"CPU ({numba.get_num_threads()} threads)"
 
     # arrays and transfers
@@ -252,7 +252,6 @@ class CpuBackend:
         return refine.lr_check_cpu(disp, disp_r, np.float32(max_diff))
 
     def speckle(self, disp, max_size, max_diff):
-        import numba
         sizes = refine.speckle_sizes_cpu(disp, np.float32(max_diff), numba.get_num_threads())
         return refine.speckle_apply_cpu(disp, sizes, max_size)
 
@@ -270,6 +269,5 @@ class CpuBackend:
         return refine.median_cpu(disp, r)
 
     def weighted_median(self, disp, guide, r):
-        import numba
         return refine.weighted_median_cpu(disp, guide, guide.shape[1] // disp.shape[1], _WMF_LUT, r,
                                            numba.get_num_threads())
