@@ -5,7 +5,7 @@ to back; `kernel_total_with_launch_gaps_ms` is the same without the hold) for ce
 stereocli.match with host arrays (default preset otherwise). One JSON line per
 configuration; the first line reports the cold (compile or cache load) time.
 
-    python benchmarks/gpu.py [--repeat 10] [--quick] [--preset quality] [--large-runs 5]
+    python benchmarks/gpu.py [--repeat 10] [--quick] [--configs 1920x1080/256/8] [--preset quality] [--large-runs 5]
 
 The last line is issue 13's 6000x4000 / 320 pair: its strips, 5 consecutive warm runs
 and their spread (benchmarks/large_pair.py compares it with the CPU's map).
@@ -18,7 +18,9 @@ STEREOCLI_SGM_K=4|8|16 forces the disparities per lane of the SGM kernel,
 STEREOCLI_SGM_PREFETCH=1|2|3 how many pixels ahead its walks load, STEREOCLI_SGM_REGS
 and STEREOCLI_SELECT_REGS the register caps of the SGM and selection kernels (0: the
 compiler's choice), STEREOCLI_SGM_SUM=volumes one path volume per direction instead
-of atomic adds into one sum. Give each setting its own
+of atomic adds into one sum, STEREOCLI_SGM_BANDS=off|on the line kernel for every path
+or the vertical ones in bands of rows (aggregate_bands.py; auto: 256 disparities on
+large images). Give each setting its own
 NUMBA_CACHE_DIR: the kernel cache does not key on the register cap.
 """
 import argparse
@@ -164,6 +166,8 @@ def main():
                     help="end-to-end matches per configuration: the best and the median are printed "
                          "(libSGM's host-to-host figures are the best of 100) [30]")
     ap.add_argument("--quick", action="store_true", help="only 1242x375/128 and 1920x1080/128")
+    ap.add_argument("--configs", default="",
+                    help="only these rows of the table, as WxH/D/PATHS[,...] (e.g. 1920x1080/256/8)")
     ap.add_argument("--large-runs", type=int, default=5,
                     help="consecutive runs of the 6000x4000 / 320 pair at the end (0: none; not with --quick) [5]")
     ap.add_argument("--preset", default="default", help="the end-to-end pipeline's preset [default]")
@@ -182,6 +186,8 @@ def main():
     emit(cold_first_match_s=round(time.perf_counter() - t, 2), gpu=dict(gpu_summary())["gpu"])
     for w, h, ndisp, paths, libsgm, libsgm_h2h in configs:
         if a.quick and (w, h, ndisp) not in ((1242, 375, 128), (1920, 1080, 128)):
+            continue
+        if a.configs and f"{w}x{h}/{ndisp}/{paths}" not in a.configs.split(","):
             continue
         left, right = pair(w, h)
         k = kernel_times(bk, left, right, ndisp, paths, a.repeat)

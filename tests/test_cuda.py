@@ -85,6 +85,21 @@ def test_sgm_bit_exact_for_every_lane_grouping(rng, ndisp, paths, prefetch):
     np.testing.assert_array_equal(on_gpu("sgm", C, G, 20, 200, True, paths), on_cpu("sgm", C, G, 20, 200, True, paths))
 
 
+@pytest.mark.parametrize("rows", [3, 64])
+def test_sgm_in_bands_bit_exact(rng, monkeypatch, rows):
+    """The six vertical and diagonal paths walked in bands of rows, each band starting
+    from the path costs the band before left (aggregate_bands: what the GPU runs for 256
+    disparities on large images), beside the horizontal pair: the CPU's sums, with bands
+    shorter than the image and with one band."""
+    from stereocli.backends.cuda import aggregate_bands as kband
+    monkeypatch.setattr(kband, "BANDS", "on")
+    monkeypatch.setattr(kband, "BAND_ROWS", rows)
+    h, w, n = (40, 70, 256) if REAL_GPU else (7, 9, 8)
+    C = rng.integers(0, 256, (h, w, n)).astype(np.uint8)
+    G = rng.integers(0, 256, (h, w)).astype(np.uint8)
+    np.testing.assert_array_equal(on_gpu("sgm", C, G, 20, 200, True, 8), on_cpu("sgm", C, G, 20, 200, True, 8))
+
+
 @pytest.mark.parametrize("paths", [4, 8])
 def test_mgm_bit_exact(rng, paths):
     """MGM's wavefront of lines (each waits for the one before) gives the CPU's sums."""
@@ -121,6 +136,26 @@ def test_sgm_lane_exchange_under_simulator():
         "assert np.array_equal(g.download(l),L,equal_nan=True) and np.array_equal(g.download(r),R,equal_nan=True) "
         "and np.array_equal(g.download(c),Cf), 'select differs'")
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "STEREOCLI_SIM_LANES": "4"}
+    r = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+@pytest.mark.skipif(REAL_GPU, reason="the simulator's multi-lane exchange; a GPU uses warp shuffles")
+def test_sgm_in_bands_lane_exchange_under_simulator():
+    """The banded kernel with 4 lanes per walk (disparities interleaved across them in
+    words of four): the six paths' sums of the CPU's vertical sweeps. (Alone: the line
+    kernel of the horizontal pair takes at most 8 disparities with 4 simulated lanes.)"""
+    code = (
+        "import numpy as np;from stereocli.stages import aggregate as A;"
+        "from stereocli.backends.cuda import CudaBackend;"
+        "from stereocli.backends.cuda import aggregate_bands as B;assert B.L == 4 and B.BAND_ROWS == 2;"
+        "g=CudaBackend();r=np.random.default_rng(5);h,w,n=5,6,32;C=r.integers(0,256,(h,w,n)).astype(np.uint8);"
+        "G=r.integers(0,256,(h,w)).astype(np.uint8);t=A.p2_table(20,200,True);"
+        "S=g.upload(np.zeros(h*w*n,np.uint32));"
+        "g._sgm_bands(g.upload(C.ravel()),g.upload(G.ravel()),h,w,n,20,g.upload(t),S,False);"
+        "want=np.zeros((h,w,n),np.uint16);A.sgm_vertical_cpu(C,G,np.int32(20),t,want,np.array([0,1,-1]));"
+        "assert np.array_equal(g.download(S).reshape(h,w,n),want), 'sums differ'")
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "STEREOCLI_SIM_LANES": "4", "STEREOCLI_SGM_BAND_ROWS": "2"}
     r = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
 

@@ -353,9 +353,10 @@ SGM_PREFETCH = int(os.environ.get("STEREOCLI_SGM_PREFETCH", "0"))
 SGM_PREFETCH_LINES_PER_SM = 40
 
 
-def sgm_kernel_for(ndisp, lines=0):
-    """(kernel, G, vec) for D disparities and `lines` path lines: G lanes per path line,
-    K disparities per lane, and the prefetch depth (SGM_PREFETCH)."""
+def sgm_shape(ndisp):
+    """(G, K, vec) of the SGM line kernel for D disparities: G lanes per path line, K
+    disparities per lane, and whether the volumes are read and added to in words (the
+    cost volume as uint32 words, the sum as uint64 words of four uint16 sums)."""
     if SIM:
         G, K = SGM_LANES, SGM_K
     else:
@@ -365,7 +366,13 @@ def sgm_kernel_for(ndisp, lines=0):
             G *= 2
         if G > 32:
             raise ValueError(f"{ndisp} disparities need more than 32 lanes of {K}")
-    vec = (not SIM) and ndisp % 4 == 0 and K % 4 == 0
+    return G, K, (not SIM) and ndisp % 4 == 0 and K % 4 == 0
+
+
+def sgm_kernel_for(ndisp, lines=0):
+    """(kernel, G, vec) for D disparities and `lines` path lines (sgm_shape), with the
+    prefetch depth (SGM_PREFETCH) for that many lines."""
+    G, K, vec = sgm_shape(ndisp)
     pf = SGM_PREFETCH or (2 if lines <= SGM_PREFETCH_LINES_PER_SM * _sm_count() else 1)
     key = (G, K, vec, SGM_ATOMIC, pf)
     if key not in _SGM_KERNELS:

@@ -16,6 +16,7 @@ from numba import cuda
 from ...errors import StereoError
 from ...stages import aggregate, cost, refine
 from . import aggregate as kagg
+from . import aggregate_bands as kband
 from . import common as kc
 from . import cost as kcost
 from . import preprocess as kpre
@@ -609,7 +610,9 @@ class CudaBackend:
             raise StereoError(f"the CUDA SGM handles at most {kc.MAX_SGM_DISPARITIES} disparities, not {n}; "
                               f"use --device cpu")
         pairs = aggregate.direction_pairs(paths)
-        dirs, starts = self._lines(h, w, paths)
+        vec = kagg.sgm_shape(n)[2]
+        bands = kagg.SGM_ATOMIC and kband.use_bands(n, paths, h * w * n, vec)
+        dirs, starts = self._lines(h, w, paths, horizontal=bands)
         kernel, G, vec = kagg.sgm_kernel_for(n, starts.shape[0])
         if kagg.SGM_ATOMIC:
             sp = self._zeros((1, h, w, n), np.uint16 if vec else np.uint32)
@@ -619,9 +622,37 @@ class CudaBackend:
         blocks = (starts.shape[0] + per_block - 1) // per_block
         threads = G if kc.SIM else 32 * kc.SGM_WARPS
         c1 = vol.view(np.uint32).reshape(vol.size // 4) if vec else vol.reshape(vol.size)  # flat
-        self._launch(kernel, blocks, threads, c1, guide.reshape(h * w), h, w, n, p1,
-                     self._p2_table(p1, p2, adaptive), self._rows(sp, vec), dirs, starts)
+        p2t = self._p2_table(p1, p2, adaptive)
+        stream = self.stream
+        if bands:  # the horizontal pair on a side stream, beside the bands (aggregate_bands)
+            stream = self._side_streams(1)[0]
+            ready = self._event()
+            ready.record(self.stream)  # the volume and the sum's zeros
+            ready.wait(stream)
+        self._launcher.launch(kernel, blocks, threads, stream, c1, guide.reshape(h * w), h, w, n, p1, p2t,
+                              self._rows(sp, vec), dirs, starts)
+        if bands:
+            self._sgm_bands(c1, guide.reshape(h * w), h, w, n, p1, p2t, self._rows(sp, vec)[0], vec)
+            done = self._event()
+            done.record(stream)
+            done.wait(self.stream)
         return PathVolumes(sp, vec)
+
+    def _sgm_bands(self, c1, g1, h, w, n, p1, p2t, s1, vec):
+        """The six vertical and diagonal paths in bands of rows (aggregate_bands), adding
+        into the flat sum s1: the bands from the top for the paths from above, then from
+        the bottom, each starting from the carry the band before left."""
+        kernel, per_block = kband.band_kernel_for(n, vec)
+        R = kband.BAND_ROWS
+        carry = self._empty((2, 3 * w * n), np.uint16)
+        mins = self._empty((2, 3 * w), np.int32)
+        threads = kband.L * per_block
+        for dy in (1, -1):
+            for b in range((h + R - 1) // R):
+                ys = b * R if dy > 0 else h - 1 - b * R
+                walks = kband.walks(h, w, ys, dy, R)
+                self._launch(kernel, (walks + per_block - 1) // per_block, threads, c1, g1, h, w, n, p1, p2t, s1,
+                             ys, R, dy, carry[(b + 1) & 1], mins[(b + 1) & 1], carry[b & 1], mins[b & 1], b == 0)
 
     def mgm(self, vol, guide, p1, p2, adaptive, paths):
         """More Global Matching: a launch per pass (kagg._make_mgm_kernel: tiles of lines
@@ -696,11 +727,12 @@ class CudaBackend:
             self._tables[key] = self.upload(aggregate.p2_table(p1, p2, adaptive))
         return self._tables[key]
 
-    def _lines(self, h, w, paths):
-        """Device tables of the path lines for an image size, built once: (dirs, starts)."""
-        key = (h, w, paths)
+    def _lines(self, h, w, paths, horizontal=False):
+        """Device tables of the path lines for an image size, built once: (dirs, starts);
+        `horizontal`: the horizontal pair's only."""
+        key = (h, w, paths, horizontal)
         if key not in self._tables:
-            pairs = aggregate.direction_pairs(paths)
+            pairs = aggregate.direction_pairs(paths)[:1] if horizontal else aggregate.direction_pairs(paths)
             starts = np.concatenate([np.column_stack([st, np.full(len(st), q)])
                                      for q, (dx, dy) in enumerate(pairs)
                                      for st in [aggregate.line_starts(h, w, dx, dy)]]).astype(np.int32)
