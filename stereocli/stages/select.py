@@ -70,6 +70,9 @@ def select_cpu(S, min_d, uniqueness, subpixel, right, confidence):
     Sf = S.ravel()  # indexed by unsigned offsets: no view (a reference count) per pixel
     for y in prange(h):
         rkeys = np.full(w, NO_KEY, np.uint32)  # rkeys[w - 1 - xr]: best key of right pixel xr
+        dk = np.arange(n, dtype=np.uint32)  # (the keys' disparity bits loaded as uint32: from
+        # the loop's 64-bit index LLVM made the whole key loop 64-bit lanes, 8 to a vector)
+        di = np.arange(n, dtype=np.int32)
         for x in range(w):
             lo, hi = inside_range(w, n, x, min_d)
             if hi < lo:
@@ -82,17 +85,18 @@ def select_cpu(S, min_d, uniqueness, subpixel, right, confidence):
             key = NO_KEY
             for i in range(hi - lo + 1):
                 ui = np.uint64(i)
-                k = np.uint32((np.uint32(Sf[base + ui]) << np.uint32(16)) | np.uint32(lo + i))
+                k = np.uint32((np.uint32(Sf[base + ui]) << np.uint32(16)) | dk[lo + i])
                 key = np.uint32(min(key, k))
                 rkeys[k0 + ui] = min(rkeys[k0 + ui], k)
             best = np.int32(key & np.uint32(0xFFFF))
             bc = np.int32(key >> np.uint32(16))
             other = np.int32(NO_RUNNER)
             if uniqueness > 0.0 or confidence:  # one masked loop over every d (it vectorises
-                bl = best - lo                   # whole; two loops around the best had scalar tails)
+                b0 = np.int32(best - lo - 1)     # whole; two loops around the best had scalar tails)
+                b1 = np.int32(best - lo + 1)     # (the offsets from di, int32: see dk)
                 for i in range(hi - lo + 1):
                     c = np.int32(Sf[base + np.uint64(i)])
-                    other = min(other, c if abs(i - bl) > 1 else np.int32(NO_RUNNER))
+                    other = min(other, c if di[i] < b0 or di[i] > b1 else np.int32(NO_RUNNER))
             c0 = np.int32(S[y, x, best - 1]) if best > lo else np.int32(0)
             c2 = np.int32(S[y, x, best + 1]) if best < hi else np.int32(0)
             out[y, x] = wta_finish(best, bc, other, c0, c2, lo, hi, min_d, uniqueness, subpixel)
