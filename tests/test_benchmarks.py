@@ -28,6 +28,7 @@ pytestmark = pytest.mark.skipif(not SHARED_DATA.exists(), reason="the benchmarks
     ("profile_kernels.py", ["48", "24", "8", "4", "1"]),  # (the same)
     ("profile_host.py", ["--device", "cpu", "--scene", "tsukuba", "-n", "16", "--runs", "1"]),
     ("profile_cpu.py", ["--pairs", "tsukuba", "--threads", "1", "--repeat", "1"]),
+    ("host_scaling.py", ["--quick", "--threads", "1,2"]),
 ])
 def test_benchmark_runs_and_prints_json_lines(script, args):
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
