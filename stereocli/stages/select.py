@@ -68,11 +68,11 @@ def select_cpu(S, min_d, uniqueness, subpixel, right, confidence):
     out_r = np.empty((h if right else 0, w if right else 0), np.float32)
     out_c = np.empty((h if confidence else 0, w if confidence else 0), np.float32)
     Sf = S.ravel()  # indexed by unsigned offsets: no view (a reference count) per pixel
+    dk = np.arange(n, dtype=np.uint32)  # (the keys' disparity bits loaded as uint32: from the
+    # loop's 64-bit index LLVM made the whole key loop 64-bit lanes, 8 to a vector; read only)
+    di = np.arange(n, dtype=np.int32)
     for y in prange(h):
         rkeys = np.full(w, NO_KEY, np.uint32)  # rkeys[w - 1 - xr]: best key of right pixel xr
-        dk = np.arange(n, dtype=np.uint32)  # (the keys' disparity bits loaded as uint32: from
-        # the loop's 64-bit index LLVM made the whole key loop 64-bit lanes, 8 to a vector)
-        di = np.arange(n, dtype=np.int32)
         for x in range(w):
             lo, hi = inside_range(w, n, x, min_d)
             if hi < lo:
