@@ -623,16 +623,16 @@ class CudaBackend:
         threads = G if kc.SIM else 32 * kc.SGM_WARPS
         c1 = vol.view(np.uint32).reshape(vol.size // 4) if vec else vol.reshape(vol.size)  # flat
         p2t = self._p2_table(p1, p2, adaptive)
+        g1, s1 = guide.reshape(h * w), self._rows(sp, vec)
         stream = self.stream
         if bands:  # the horizontal pair on a side stream, beside the bands (aggregate_bands)
             stream = self._side_streams(1)[0]
             ready = self._event()
             ready.record(self.stream)  # the volume and the sum's zeros
             ready.wait(stream)
-        self._launcher.launch(kernel, blocks, threads, stream, c1, guide.reshape(h * w), h, w, n, p1, p2t,
-                              self._rows(sp, vec), dirs, starts)
+        self._launcher.launch(kernel, blocks, threads, stream, c1, g1, h, w, n, p1, p2t, s1, dirs, starts)
         if bands:
-            self._sgm_bands(c1, guide.reshape(h * w), h, w, n, p1, p2t, self._rows(sp, vec)[0], vec)
+            self._sgm_bands(c1, g1, h, w, n, p1, p2t, s1[0], vec)
             done = self._event()
             done.record(stream)
             done.wait(self.stream)
