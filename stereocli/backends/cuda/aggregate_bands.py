@@ -36,10 +36,10 @@ line kernel's 36), so "auto" takes them at 256 only; nor is the kernel built for
 """
 import os
 
+import numpy as np
 from numba import cuda, int32, uint32, uint64
 
-from .aggregate import agg
-from .common import BIG, CACHE, SGM_LANES, SGM_WARPS, SIM, from_lane, warp_min
+from .common import BIG, CACHE, SGM_LANES, SGM_WARPS, SIM, atomic_add_at, from_lane, min_u16x2_for, warp_min3
 
 L = SGM_LANES  # lanes of a walk (the simulator: 1, or STEREOCLI_SIM_LANES)
 BANDS = os.environ.get("STEREOCLI_SGM_BANDS", "auto")  # auto | on | off (tests and measurements)
@@ -62,54 +62,81 @@ def use_bands(n: int, paths: int, cells: int, vec: bool) -> bool:
 
 def band_kernel_for(n: int, vec: bool):
     """(kernel, walks per block) for n disparities: K4 = n / (4 L) words a lane."""
-    key = (n // (4 * L), vec)
+    cc = (0, 0) if SIM else tuple(cuda.get_current_device().compute_capability)
+    key = (n // (4 * L), vec, cc)
     if key not in _KERNELS:
         _KERNELS[key] = _make(*key)
     return _KERNELS[key], SGM_WARPS
 
 
+def band_rows(h: int, ys: int, dy: int, R: int) -> int:
+    """Rows of the band whose first row is ys (dy: the sweep's direction)."""
+    return min(R, h - ys if dy > 0 else ys + 1)
+
+
 def walks(h: int, w: int, ys: int, dy: int, R: int) -> int:
-    """Walk groups of the band whose first row is ys (dy: the sweep's direction): a
-    column each, and one per later row for the diagonals entering from the sides."""
-    rows = min(R, h - ys if dy > 0 else ys + 1)
-    return w + max(0, rows - 1)
+    """Walk groups of the band whose first row is ys: a column each, and one per later
+    row for the diagonals entering from the sides."""
+    return w + max(0, band_rows(h, ys, dy, R) - 1)
 
 
-def _make(K4, vec):
-    K = 4 * K4
+def _make(K4, vec, cc):
+    """The band kernel for K4 cost words (4 K4 disparities) a lane. A lane keeps its path
+    costs as uint16 pairs in uint32 words (P[walk, 2 i + h]: disparities 4 (lane + L i)
+    + 2 h and + 1) and updates both halves at once: the costs stay below 2^15 (aggregate.
+    EDGE), so a 32-bit add or subtract of two pairs carries nothing from one half into the
+    other, and the minima are min_u16x2 (one instruction on Hopper). Offsets into the
+    volumes are unsigned and stepped a row at a time (no per-access multiply by a
+    run-time size, no negative-index fix-up)."""
+    min2 = min_u16x2_for(cc)
+    K2 = 2 * K4  # a lane's uint16 pairs
+    PER = np.uint64(K4 * L if vec else 4 * K4 * L)  # a pixel's words (vec: C1 uint32, S1 uint64) or costs
+    WSTEP = np.uint64(L if vec else 4 * L)  # from a lane's word i to its word i + 1
+    HALF = np.uint64(2 * K4 * L)  # a pixel's uint16 pairs in the carry (n / 2)
+    U0, U1, U2 = np.uint64(0), np.uint64(1), np.uint64(2)
+    B0, B1, B2 = np.uint32(0xFF), np.uint32(0xFF0000), np.uint32(0xFFFF)
+    S8, S16, S32 = np.uint32(8), np.uint32(16), np.uint64(32)
+    PAIR = np.uint32(0x10001)  # x * PAIR: x in both halves
+    ALL = np.uint32(0xFFFFFFFF)
 
     @cuda.jit(device=True, inline=True)
-    def load(C1, base, lane, q, j):
-        """Row j of q: this lane's K4 cost words of the pixel whose first cost is C1's
-        element `base` (vec: C1 holds uint32 words, and base is a word index)."""
+    def load(C1, off, q, j):
+        """Row j of q: this lane's K4 cost words of a pixel, off its lane's first word
+        (vec) or first cost there."""
         for i in range(K4):
+            o = off + uint64(i) * WSTEP
             if vec:
-                q[j, i] = C1[base + uint64(lane + L * i)]
+                q[j, i] = C1[o]
             else:
-                o = base + uint64(4 * (lane + L * i))
-                q[j, i] = (uint32(C1[o]) | (uint32(C1[o + uint64(1)]) << uint32(8))
-                           | (uint32(C1[o + uint64(2)]) << uint32(16)) | (uint32(C1[o + uint64(3)]) << uint32(24)))
+                q[j, i] = (uint32(C1[o]) | (uint32(C1[o + U1]) << S8) | (uint32(C1[o + U2]) << S16)
+                           | (uint32(C1[o + np.uint64(3)]) << np.uint32(24)))
 
     @cuda.jit(device=True, inline=True)
-    def add(S1, base, lane, prev, j):
-        """prev[j] added into the sum at the pixel whose first element is S1's `base`
-        (vec: uint64 words of four uint16 sums, base a word index; else uint32 sums)."""
+    def add(S1, off, P, j):
+        """Walk j's path costs added into the sum at the pixel whose lane offset is off."""
         for i in range(K4):
-            if vec:
-                word = (uint64(prev[j, 4 * i] & 0xFFFF) | (uint64(prev[j, 4 * i + 1] & 0xFFFF) << uint64(16))
-                        | (uint64(prev[j, 4 * i + 2] & 0xFFFF) << uint64(32))
-                        | (uint64(prev[j, 4 * i + 3] & 0xFFFF) << uint64(48)))
-                cuda.atomic.add(S1, base + uint64(lane + L * i), word)
+            o = off + uint64(i) * WSTEP
+            if vec:  # uint64 words of four uint16 sums: the two pairs side by side
+                atomic_add_at(S1, o, uint64(P[j, 2 * i]) | (uint64(P[j, 2 * i + 1]) << S32))
             else:
-                for b in range(4):
-                    cuda.atomic.add(S1, base + uint64(4 * (lane + L * i) + b), uint32(prev[j, 4 * i + b]))
+                for hh in range(2):
+                    v = P[j, 2 * i + hh]
+                    atomic_add_at(S1, o + uint64(2 * hh), uint32(v & B2))
+                    atomic_add_at(S1, o + uint64(2 * hh + 1), uint32(v >> S16))
+
+    @cuda.jit(device=True, inline=True)
+    def pairs(word):
+        """A cost word's four bytes as two uint16 pairs (bytes 0, 1 and bytes 2, 3)."""
+        return (uint32(uint32(word & B0) | uint32(uint32(word << S8) & B1)),
+                uint32(uint32(uint32(word >> S16) & B0) | uint32(uint32(word >> S8) & B1)))
 
     @cuda.jit(cache=CACHE)
     def kernel(C1, G1, h, w, n, p1, p2g, S1, ys, R, dy, cin, min_in, cout, mout, first):
         """One band: rows ys, ys + dy, ... (R of them, fewer at the image's edge) of the
         three paths of direction (dx, dy), dx = 0, 1, -1. C1, G1, S1 flat (vec: C1 as
         uint32 words, S1 as uint64 words); cin/min_in: the carry of the previous band
-        (unless `first`), cout/mout: this band's, both (3 paths, w, n) / (3, w), flat."""
+        (unless `first`), cout/mout: this band's: (3 paths, w, n / 2) uint16 pairs and
+        (3, w) minima, flat."""
         p2tab = cuda.shared.array(256, int32)
         scratch = cuda.shared.array((SGM_WARPS, SGM_LANES), int32)  # the simulator's exchange
         for i in range(cuda.threadIdx.x, 256, cuda.blockDim.x):
@@ -125,7 +152,7 @@ def _make(K4, vec):
         live = cuda.local.array(3, int32)
         ms = cuda.local.array(3, int32)  # min L at the previous pixel
         gs = cuda.local.array(3, int32)  # grey level there
-        prev = cuda.local.array((3, K), int32)
+        P = cuda.local.array((3, K2), uint32)
         q = cuda.local.array((3, K4), uint32)  # the next pixel's cost words
         qg = cuda.local.array(3, int32)
         if t < w:
@@ -143,81 +170,117 @@ def _make(K4, vec):
                 xs[j] = 0 if j == 0 else w - 1
                 s0[j] = 1 + e
                 live[j] = 1 if j < 2 else 0
-        per = uint64(n >> 2) if vec else uint64(n)  # a pixel's words (vec) or costs
+        wu = uint64(w)
+        drow = wu if dy > 0 else U0 - wu  # from a row's first pixel to the next row's, mod 2^64
+        rp = uint64(ys) * wu  # the first pixel of the step's row
+        lo = uint64(lane) if vec else uint64(4 * lane)  # the lane's first word (cost) of a pixel
         for j in range(3):
             if live[j] != 0:
-                y = ys + s0[j] * dy
-                load(C1, uint64(y * w + xs[j]) * per, lane, q, j)
-                qg[j] = int32(G1[y * w + xs[j]])
+                pix = rp + uint64(s0[j]) * drow + uint64(xs[j])
+                load(C1, pix * PER + lo, q, j)
+                qg[j] = int32(G1[pix])
         p1i = int32(p1)
-        words = cuda.local.array(K4, uint32)
+        p1p = uint32(uint32(p1i) * PAIR)
+        words = cuda.local.array((3, K4), uint32)  # this row's cost words
+        act = cuda.local.array(3, int32)  # the walk is at a pixel this step
+        gc = cuda.local.array(3, int32)  # its grey level
+        p2s = cuda.local.array(3, int32)  # its P2
+        mps = cuda.local.array(3, uint32)  # the pairs' minimum of its new L
+        for j in range(3):
+            for i in range(K2):
+                P[j, i] = uint32(0)
+            for i in range(K4):
+                words[j, i] = uint32(0)
+            ms[j] = 0
+            gs[j] = 0
+        up = (lane + 1) % L
+        down = (lane + L - 1) % L
         for s in range(rows):
-            y = ys + s * dy
+            # The three walks' steps go phase by phase (positions and loads; the update;
+            # the minima; the adds), so their shuffle chains interleave instead of each
+            # waiting on the one before. A walk not at a pixel this step computes on what
+            # it holds and stores nothing.
             for j in range(3):
-                if live[j] == 0 or s < s0[j]:
-                    continue
-                k = ks[j]
-                dx = 0 if k == 0 else (1 if k == 1 else -1)
-                if s > s0[j]:
-                    xs[j] += dx
-                x = xs[j]
-                g = qg[j]
+                a = live[j] != 0 and s >= s0[j]
+                act[j] = 1 if a else 0
+                if a:
+                    k = ks[j]
+                    dx = 0 if k == 0 else (1 if k == 1 else -1)
+                    if s > s0[j]:
+                        xs[j] += dx
+                    x = xs[j]
+                    g = qg[j]
+                    for i in range(K4):
+                        words[j, i] = q[j, i]
+                    xn = x + dx
+                    if s + 1 < rows and 0 <= xn < w:  # the next row's loads
+                        pn = rp + drow + uint64(xn)
+                        load(C1, pn * PER + lo, q, j)
+                        qg[j] = int32(G1[pn])
+                    cont = s > s0[j] or (s == 0 and not first and 0 <= x - dx < w)
+                    if s == s0[j]:
+                        if cont:  # the band's first row: from the previous band's last
+                            cb = uint64(k * w + x - dx) * HALF + uint64(2 * lane)
+                            for i in range(K4):
+                                for hh in range(2):
+                                    P[j, 2 * i + hh] = cin[cb + uint64(2 * L * i + hh)]
+                            ms[j] = min_in[k * w + x - dx]
+                            gs[j] = int32(G1[rp - drow + uint64(x - dx)])
+                        else:  # a path's first pixel: L = C, the update of L = 0 (and min 0)
+                            for i in range(K2):
+                                P[j, i] = uint32(0)
+                            ms[j] = 0
+                    gc[j] = g
+                    p2s[j] = p2tab[abs(g - gs[j])]
+            for j in range(3):
+                m = ms[j]
+                mm = uint32(uint32(m) * PAIR)
+                mp2 = uint32(uint32(m + p2s[j]) * PAIR)
+                mp = ALL
+                below = uint32(BIG)  # (lane 0) disparity 4 L i - 1: lane L - 1's last of word i - 1
                 for i in range(K4):
-                    words[i] = q[j, i]
-                xn = x + dx
-                if s + 1 < rows and 0 <= xn < w:  # the next row's loads
-                    yn = y + dy
-                    load(C1, uint64(yn * w + xn) * per, lane, q, j)
-                    qg[j] = int32(G1[yn * w + xn])
-                cont = s > s0[j] or (s == 0 and not first and 0 <= x - dx < w)
-                if s == s0[j] and cont:  # the band's first row: from the previous band's last
-                    pb = uint64((k * w + x - dx) * n)
-                    for i in range(K4):
-                        for b in range(4):
-                            prev[j, 4 * i + b] = int32(cin[pb + uint64(4 * (lane + L * i) + b)])
-                    ms[j] = min_in[k * w + x - dx]
-                    gs[j] = int32(G1[(y - dy) * w + x - dx])
-                mloc = int32(BIG)
-                if cont:
-                    p2e = p2tab[abs(g - gs[j])]
-                    m = ms[j]
-                    below = int32(BIG)  # (lane 0) disparity 4 (L i) - 1: lane L - 1's last of word i - 1
-                    for i in range(K4):
-                        word = words[i]
-                        tl = from_lane(prev[j, 4 * i + 3], (lane + L - 1) % L, scratch, wi, lane)
-                        tu = from_lane(prev[j, 4 * i], (lane + 1) % L, scratch, wi, lane)
-                        tn = int32(BIG)
-                        if i + 1 < K4:
-                            tn = from_lane(prev[j, 4 * i + 4], (lane + 1) % L, scratch, wi, lane)
-                        lo = tl if lane > 0 else below
-                        hi3 = tu if lane < L - 1 else tn
-                        below = tl
-                        for b in range(4):
-                            c = int32((word >> uint32(8 * b)) & uint32(0xFF))
-                            pc = prev[j, 4 * i + b]
-                            hi = prev[j, 4 * i + b + 1] if b < 3 else hi3
-                            v = agg.sgm_value(c, pc, lo, hi, m, p1i, p2e)
-                            lo = pc
-                            prev[j, 4 * i + b] = v
-                            mloc = min(mloc, v)
-                else:  # a path's first pixel: L = C
-                    for i in range(K4):
-                        word = words[i]
-                        for b in range(4):
-                            v = int32((word >> uint32(8 * b)) & uint32(0xFF))
-                            prev[j, 4 * i + b] = v
-                            mloc = min(mloc, v)
-                mloc = warp_min(mloc, scratch, wi, lane)
-                ms[j] = mloc
-                gs[j] = g
-                add(S1, uint64(y * w + x) * per, lane, prev, j)
-                if s == rows - 1:
-                    pb = uint64((k * w + x) * n)
-                    for i in range(K4):
-                        for b in range(4):
-                            cout[pb + uint64(4 * (lane + L * i) + b)] = prev[j, 4 * i + b]
-                    if lane == 0:
-                        mout[k * w + x] = mloc
-                if x + dx < 0 or x + dx >= w:
-                    live[j] = 0  # the walk leaves the image at the side
+                    a = P[j, 2 * i]  # disparities 4 (lane + L i) + 0, 1
+                    b = P[j, 2 * i + 1]  # + 2, 3
+                    # (the pairs are below 2^31: exchanged as int32)
+                    tl = uint32(uint32(from_lane(int32(b), down, scratch, wi, lane)) >> S16)  # below a's
+                    tu = uint32(uint32(from_lane(int32(a), up, scratch, wi, lane)) & B2)  # above b's
+                    tn = uint32(BIG)
+                    if i + 1 < K4:
+                        tn = uint32(uint32(from_lane(int32(P[j, 2 * i + 2]), up, scratch, wi, lane)) & B2)
+                    lo_in = tl if lane > 0 else below
+                    hi_in = tu if lane < L - 1 else tn
+                    below = tl
+                    xa = uint32(lo_in | uint32(a << S16))  # the neighbours below a's pair
+                    xb = uint32(uint32(a >> S16) | uint32(b << S16))  # above a's, below b's
+                    xc = uint32(uint32(b >> S16) | uint32(hi_in << S16))  # above b's
+                    c0, c1 = pairs(words[j, i])
+                    # sgm_value on both halves: c + min(L, min(lo, hi) + P1, m + P2) - m
+                    va = uint32(uint32(min2(min2(a, uint32(min2(xa, xb) + p1p)), mp2) - mm) + c0)
+                    vb = uint32(uint32(min2(min2(b, uint32(min2(xb, xc) + p1p)), mp2) - mm) + c1)
+                    P[j, 2 * i] = va
+                    P[j, 2 * i + 1] = vb
+                    mp = min2(mp, min2(va, vb))
+                mps[j] = mp
+            m0, m1, m2 = warp_min3(int32(min(uint32(mps[0] & B2), uint32(mps[0] >> S16))),
+                                   int32(min(uint32(mps[1] & B2), uint32(mps[1] >> S16))),
+                                   int32(min(uint32(mps[2] & B2), uint32(mps[2] >> S16))), scratch, wi, lane)
+            for j in range(3):
+                if act[j] != 0:
+                    mloc = m0 if j == 0 else (m1 if j == 1 else m2)
+                    ms[j] = mloc
+                    gs[j] = gc[j]
+                    k = ks[j]
+                    dx = 0 if k == 0 else (1 if k == 1 else -1)
+                    x = xs[j]
+                    add(S1, (rp + uint64(x)) * PER + lo, P, j)
+                    if s == rows - 1:
+                        cb = uint64(k * w + x) * HALF + uint64(2 * lane)
+                        for i in range(K4):
+                            for hh in range(2):
+                                cout[cb + uint64(2 * L * i + hh)] = P[j, 2 * i + hh]
+                        if lane == 0:
+                            mout[k * w + x] = mloc
+                    if x + dx < 0 or x + dx >= w:
+                        live[j] = 0  # the walk leaves the image at the side
+            rp += drow
     return kernel

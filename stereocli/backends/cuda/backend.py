@@ -644,7 +644,7 @@ class CudaBackend:
         the bottom, each starting from the carry the band before left."""
         kernel, per_block = kband.band_kernel_for(n, vec)
         R = kband.BAND_ROWS
-        carry = self._empty((2, 3 * w * n), np.uint16)
+        carry = self._empty((2, 3 * w * n // 2), np.uint32)  # uint16 pairs
         mins = self._empty((2, 3 * w), np.int32)
         threads = kband.L * per_block
         for dy in (1, -1):

@@ -10,7 +10,9 @@ numba-cuda).
 import os
 import types
 
-from numba import config, cuda, int32, uint32
+import numpy as np
+
+from numba import config, cuda, int32, uint32, uint64
 
 from ...stages import cost as _cost
 from ...stages import CACHE, SHARED  # noqa: F401  (CACHE: for the kernel modules)
@@ -141,6 +143,81 @@ else:
         return cuda.shfl_sync(0xFFFFFFFF, v, src)
 
 
+# ------------------------------------------------- two uint16 values in a uint32
+def min_u16x2_for(cc):
+    """min_u16x2(a, b): the unsigned minimum of each 16-bit half of two uint32 words, for
+    a device of compute capability cc: Hopper's one instruction (PTX min.u16x2, sm_90
+    and up), else two 16-bit minima (the simulator: Python)."""
+    if SIM or cc < (9, 0):
+        lo16 = np.uint32(0xFFFF)
+        sh = np.uint32(16)
+
+        @cuda.jit(device=True, inline=True)
+        def min_u16x2(a, b):
+            return uint32(min(uint32(a & lo16), uint32(b & lo16)) | uint32(min(uint32(a >> sh), uint32(b >> sh)) << sh))
+        return min_u16x2
+
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def _min(typingctx, a, b):
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(32), ir.IntType(32)])
+            return builder.call(ir.InlineAsm(fnty, "min.u16x2 $0, $1, $2;", "=r,r,r"), args)
+        return types.uint32(types.uint32, types.uint32), codegen
+
+    @cuda.jit(device=True, inline=True)
+    def min_u16x2(a, b):
+        return _min(uint32(a), uint32(b))
+    return min_u16x2
+
+
+def _flat_atomic_add():
+    """atomic_add_at(a, i, v): a[i] += v atomically for a flat C-contiguous array and an
+    unsigned index, with no negative-index fix-up (cuda.atomic.add wraps every index as
+    if it could be negative: four instructions an add in the SGM kernels' loops)."""
+    if SIM:
+        @cuda.jit(device=True)
+        def atomic_add_at(a, i, v):
+            cuda.atomic.add(a, i, v)
+        return atomic_add_at
+
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def atomic_add_at(typingctx, a, i, v):
+        if not (isinstance(a, types.Array) and a.ndim == 1 and isinstance(a.dtype, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, args[0])
+            builder.atomic_rmw("add", builder.gep(ary.data, [args[1]]), args[2], "monotonic")
+            return context.get_dummy_value()
+        return types.void(a, types.uint64, a.dtype), codegen
+    return atomic_add_at
+
+
+atomic_add_at = _flat_atomic_add()
+
+
+if SIM:
+    @cuda.jit(device=True)
+    def warp_min3(a, b, c, scratch, w, lane):
+        return warp_min(a, scratch, w, lane), warp_min(b, scratch, w, lane), warp_min(c, scratch, w, lane)
+else:
+    @cuda.jit(device=True, inline=True)
+    def warp_min3(a, b, c, scratch, w, lane):
+        """warp_min of three values, their shuffle chains interleaved."""
+        for off in (16, 8, 4, 2, 1):
+            a = min(a, cuda.shfl_xor_sync(0xFFFFFFFF, a, off))
+            b = min(b, cuda.shfl_xor_sync(0xFFFFFFFF, b, off))
+            c = min(c, cuda.shfl_xor_sync(0xFFFFFFFF, c, off))
+        return a, b, c
+
+
 def group_min_for(G):
     """group_min(v, scratch, w, gl): the min of v over an aligned group of G lanes of a
     warp (G a power of two up to 32), by shuffles in which every lane of the warp takes
@@ -153,6 +230,15 @@ def group_min_for(G):
             off //= 2
         return v
     return group_min
+
+
+@cuda.jit(device=True, inline=True)
+def pack4(a, b, c, d):
+    """Four path costs (each under 65536) as one uint64 word of four 16-bit fields, a
+    lowest: the word the SGM kernels add into the packed uint16 sum volume (no carry
+    crosses a field, as a sum never exceeds 65535)."""
+    return (uint64(a & 0xFFFF) | (uint64(b & 0xFFFF) << uint64(16))
+            | (uint64(c & 0xFFFF) << uint64(32)) | (uint64(d & 0xFFFF) << uint64(48)))
 
 
 @cuda.jit(device=True, inline=True)
