@@ -85,15 +85,25 @@ def test_sgm_bit_exact_for_every_lane_grouping(rng, ndisp, paths, prefetch):
     np.testing.assert_array_equal(on_gpu("sgm", C, G, 20, 200, True, paths), on_cpu("sgm", C, G, 20, 200, True, paths))
 
 
+@pytest.mark.parametrize("first", ["on", "off"])
 @pytest.mark.parametrize("rows", [3, 64])
-def test_sgm_in_bands_bit_exact(rng, monkeypatch, rows):
+def test_sgm_in_bands_bit_exact(rng, monkeypatch, rows, first):
     """The six vertical and diagonal paths walked in bands of rows, each band starting
     from the path costs the band before left (aggregate_bands: what the GPU runs for 256
-    disparities on large images), beside the horizontal pair: the CPU's sums, with bands
-    shorter than the image and with one band."""
+    disparities on large images), beside the horizontal pair or after it (first: the
+    pair stores where it comes first, into a sum nobody zeroed): the CPU's sums, with
+    bands shorter than the image and with one band."""
     from stereocli.backends.cuda import aggregate_bands as kband
     monkeypatch.setattr(kband, "BANDS", "on")
     monkeypatch.setattr(kband, "BAND_ROWS", rows)
+    monkeypatch.setattr(kband, "HFIRST", first)
+    empty = GPU._empty
+
+    def poisoned(shape, dtype):  # uninitialised memory that is not zeros by chance
+        a = empty(shape, dtype)
+        a.copy_to_device(np.full(a.shape, 0x5A5A5A5A, np.uint64).astype(a.dtype))
+        return a
+    monkeypatch.setattr(GPU, "_empty", poisoned)
     h, w, n = (40, 70, 256) if REAL_GPU else (7, 9, 8)
     C = rng.integers(0, 256, (h, w, n)).astype(np.uint8)
     G = rng.integers(0, 256, (h, w)).astype(np.uint8)

@@ -61,12 +61,21 @@ def _group_exchange(G):
     return group_min, below, above
 
 
-def _make_sgm_kernel(G, K, vec, atomic, PF):
+def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False):
     """The SGM line kernel for groups of G lanes, each lane holding K disparities in
     registers (a group covers G * K disparities). `vec`: the cost volume is read as
     uint32 words (4 costs) and the path volume written as uint64 words (4 values),
     which needs D % 4 == 0 and K % 4 == 0. PF: how many pixels ahead of a walk its
-    costs and guide values are loaded (SGM_PREFETCH).
+    costs and guide values are loaded (SGM_PREFETCH). first_store (atomic, and only the
+    horizontal pair, which covers every pixel): the first of a line's two walks to reach
+    a pixel stores its costs there and the second adds, so the sum needs no zeroing and
+    is read once fewer (CUDA backend: the horizontal pair before the bands).
+
+    The two walks of a line step together: the forward walk reaches position i at step
+    i, the backward one at step length - 1 - i, so the forward walk is first where 2 s <=
+    length - 1 (at the middle both arrive at once, the forward one first in program
+    order) and the backward one where 2 s < length - 1; a lane writes the same words for
+    both walks, so the add follows its own store.
 
     The volumes and the guide are flat: a walk keeps the flat index of its pixel and of
     its lane's first word there, and steps them by constant strides (unsigned indices,
@@ -117,13 +126,13 @@ def _make_sgm_kernel(G, K, vec, atomic, PF):
         return pack4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3])
 
     @cuda.jit(device=True, inline=True)
-    def store(S1, off, nk, v, active, tw, w, gl, grp, per):
+    def store(S1, off, nk, v, active, put, tw, w, gl, grp, per):
         """This lane's values of one pixel into S1 (off: its first element there), when
         `active` (called by every lane of the warp). atomic: added to the sum volume
         (uint64 words of four 16-bit sums, or uint32 sums), else stored in a direction
         volume. TRANSPOSE: a lane's K4 words are consecutive in S1, so a warp's atomic
         touched a sector per lane; the group's words go through shared memory and
-        consecutive lanes add consecutive words."""
+        consecutive lanes add consecutive words. put (first_store): stored, not added."""
         if TRANSPOSE:
             g0 = grp * G * K4
             for i in range(K4):
@@ -134,26 +143,29 @@ def _make_sgm_kernel(G, K, vec, atomic, PF):
                 for i in range(K4):
                     j = i * G + gl
                     if j < per:
-                        cuda.atomic.add(S1, uint64(base + j), tw[w, g0 + j])
+                        if put:
+                            S1[uint64(base + j)] = tw[w, g0 + j]
+                        else:
+                            cuda.atomic.add(S1, uint64(base + j), tw[w, g0 + j])
             cuda.syncwarp(0xFFFFFFFF)
         elif active:
             if vec:
                 for i in range(K4):
                     if 4 * i < nk:
-                        if atomic:
+                        if atomic and not put:
                             cuda.atomic.add(S1, uint64(off + i), pack(v, i))
                         else:
                             S1[uint64(off + i)] = pack(v, i)
             else:
                 for j in range(K):
                     if j < nk:
-                        if atomic:
+                        if atomic and not put:
                             cuda.atomic.add(S1, uint64(off + j), uint32(v[j]))
                         else:
                             S1[uint64(off + j)] = v[j]
 
     @cuda.jit(device=True, inline=True)
-    def begin(C1, G1, S1, p, pstep, off, stride, length, nk, cur, c, q, gq, scratch, w, gl, tw, grp, per):
+    def begin(C1, G1, S1, p, pstep, off, stride, length, nk, cur, c, q, gq, scratch, w, gl, tw, grp, per, put):
         """First pixel of a path (flat index p, lane offset off; the next pixel is at
         p + pstep, off + stride): L = C there; starts the loads of the next PF pixels'
         costs and guide values into the queue (q, gq). Returns (min L of the group, guide
@@ -172,12 +184,12 @@ def _make_sgm_kernel(G, K, vec, atomic, PF):
             v = c[j] if j < nk else int32(BIG)
             cur[j] = v
             m = min(m, v)
-        store(S1, off, nk, cur, length > 0, tw, w, gl, grp, per)
+        store(S1, off, nk, cur, length > 0, put, tw, w, gl, grp, per)
         return group_min(m, scratch, w, gl), g
 
     @cuda.jit(device=True, inline=True)
     def advance(C1, G1, p1, p2tab, S1, p, pstep, off, stride, s, length, nk, m, gp, prev, cur,
-                c, q, gq, scratch, w, gl, tw, grp, per):
+                c, q, gq, scratch, w, gl, tw, grp, per, put):
         """Step s of a path, at the pixel (p, off): cur = SGM update of prev with the
         costs loaded PF steps ago (the queue q, gq); starts the loads of the pixel PF
         steps ahead. A group past the end of its line computes but loads and stores
@@ -201,7 +213,7 @@ def _make_sgm_kernel(G, K, vec, atomic, PF):
             v = v if j < nk else int32(BIG)
             cur[j] = v
             mloc = min(mloc, v)
-        store(S1, off, nk, cur, s < length, tw, w, gl, grp, per)
+        store(S1, off, nk, cur, s < length, put, tw, w, gl, grp, per)
         return group_min(mloc, scratch, w, gl), g
 
     @cuda.jit(device=True, inline=True)
@@ -288,18 +300,19 @@ def _make_sgm_kernel(G, K, vec, atomic, PF):
         else:
             Sf, Sb = Sd1[2 * q], Sd1[2 * q + 1]
         # the two walks are independent chains: stepping them together hides each one's latency
-        m, gp = begin(C1, G1, Sf, p, pstep, off, stride, length, nk, cur, c, qf, gqf, scratch, w, gl, tw, grp, per)
+        m, gp = begin(C1, G1, Sf, p, pstep, off, stride, length, nk, cur, c, qf, gqf, scratch, w, gl, tw, grp, per,
+                      first_store)
         m2, gp2 = begin(C1, G1, Sb, pb, -pstep, offb, -stride, length, nk, cur2, c2, qb, gqb, scratch, w, gl, tw,
-                        grp, per)
+                        grp, per, first_store and length > 1)
         for s in range(1, maxlen):
             p += pstep
             off += stride
             pb -= pstep
             offb -= stride
             m, gp = advance(C1, G1, p1i, p2tab, Sf, p, pstep, off, stride, s, length, nk, m, gp,
-                            prev, cur, c, qf, gqf, scratch, w, gl, tw, grp, per)
+                            prev, cur, c, qf, gqf, scratch, w, gl, tw, grp, per, first_store and 2 * s <= length - 1)
             m2, gp2 = advance(C1, G1, p1i, p2tab, Sb, pb, -pstep, offb, -stride, s, length, nk, m2, gp2,
-                              prev2, cur2, c2, qb, gqb, scratch, w, gl, tw, grp, per)
+                              prev2, cur2, c2, qb, gqb, scratch, w, gl, tw, grp, per, first_store and 2 * s < length - 1)
 
     return sgm_lines_kernel
 
@@ -368,12 +381,12 @@ def sgm_shape(ndisp):
     return G, K, (not SIM) and ndisp % 4 == 0 and K % 4 == 0
 
 
-def sgm_kernel_for(ndisp, lines=0):
+def sgm_kernel_for(ndisp, lines=0, first_store=False):
     """(kernel, G, vec) for D disparities and `lines` path lines (sgm_shape), with the
-    prefetch depth (SGM_PREFETCH) for that many lines."""
+    prefetch depth (SGM_PREFETCH) for that many lines; first_store: see _make_sgm_kernel."""
     G, K, vec = sgm_shape(ndisp)
     pf = SGM_PREFETCH or (2 if lines <= SGM_PREFETCH_LINES_PER_SM * _sm_count() else 1)
-    key = (G, K, vec, SGM_ATOMIC, pf)
+    key = (G, K, vec, SGM_ATOMIC, pf, first_store and SGM_ATOMIC)
     if key not in _SGM_KERNELS:
         _SGM_KERNELS[key] = _make_sgm_kernel(*key)
     return _SGM_KERNELS[key], G, vec

@@ -43,6 +43,7 @@ from .common import BIG, CACHE, SGM_LANES, SGM_WARPS, SIM, atomic_add_at, from_l
 
 L = SGM_LANES  # lanes of a walk (the simulator: 1, or STEREOCLI_SIM_LANES)
 BANDS = os.environ.get("STEREOCLI_SGM_BANDS", "auto")  # auto | on | off (tests and measurements)
+HFIRST = os.environ.get("STEREOCLI_SGM_HFIRST", "auto")  # the horizontal pair first: auto | on | off
 BAND_ROWS = int(os.environ.get("STEREOCLI_SGM_BAND_ROWS", "4" if SIM else "64"))
 BAND_DISPARITIES = 256  # the only count "auto" bands (see the module's docstring)
 BAND_MIN_CELLS = 1 << 28  # W x H x D: 1920x1080x256 and up
@@ -58,6 +59,19 @@ def use_bands(n: int, paths: int, cells: int, vec: bool) -> bool:
     if BANDS == "on":
         return True
     return not SIM and vec and n == BAND_DISPARITIES and cells >= BAND_MIN_CELLS
+
+
+def horizontal_first(blocks: int, sms: int) -> bool:
+    """Whether the horizontal pair (`blocks` blocks of the line kernel) runs before the
+    bands, alone, storing its costs where it comes first (no zeroed sum, and the sum read
+    once fewer), instead of beside them on a side stream. Beside them, its blocks hold
+    the SMs' registers for the whole sweep. H100, SGM ms beside / first, two rounds:
+    3840x2160/256/8 (270 blocks on 132 SMs) 28.2-28.3 / 26.1, the bands beside it taking
+    as long as after it; 1920x1080/256/8 (135 blocks) 6.7-7.1 / 7.2-9.7. "auto": first
+    from 1.5 blocks an SM, between the two. STEREOCLI_SGM_HFIRST=auto|on|off."""
+    if HFIRST in ("on", "off"):
+        return HFIRST == "on"
+    return 2 * blocks > 3 * sms
 
 
 def band_kernel_for(n: int, vec: bool):

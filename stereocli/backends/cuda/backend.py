@@ -610,22 +610,23 @@ class CudaBackend:
             raise StereoError(f"the CUDA SGM handles at most {kc.MAX_SGM_DISPARITIES} disparities, not {n}; "
                               f"use --device cpu")
         pairs = aggregate.direction_pairs(paths)
-        vec = kagg.sgm_shape(n)[2]
+        G, _, vec = kagg.sgm_shape(n)
         bands = kagg.SGM_ATOMIC and kband.use_bands(n, paths, h * w * n, vec)
         dirs, starts = self._lines(h, w, paths, horizontal=bands)
-        kernel, G, vec = kagg.sgm_kernel_for(n, starts.shape[0])
-        if kagg.SGM_ATOMIC:
-            sp = self._zeros((1, h, w, n), np.uint16 if vec else np.uint32)
-        else:
-            sp = self._empty((2 * len(pairs), h, w, n), np.uint16)
         per_block = kagg.sgm_lines_per_block(G)
         blocks = (starts.shape[0] + per_block - 1) // per_block
+        first = bands and kband.horizontal_first(blocks, kagg._sm_count())
+        kernel, G, vec = kagg.sgm_kernel_for(n, starts.shape[0], first_store=first)
+        if kagg.SGM_ATOMIC:  # (first: the horizontal pair stores where it comes first, so no zeros)
+            sp = (self._empty if first else self._zeros)((1, h, w, n), np.uint16 if vec else np.uint32)
+        else:
+            sp = self._empty((2 * len(pairs), h, w, n), np.uint16)
         threads = G if kc.SIM else 32 * kc.SGM_WARPS
         c1 = vol.view(np.uint32).reshape(vol.size // 4) if vec else vol.reshape(vol.size)  # flat
         p2t = self._p2_table(p1, p2, adaptive)
         g1, s1 = guide.reshape(h * w), self._rows(sp, vec)
         stream = self.stream
-        if bands:  # the horizontal pair on a side stream, beside the bands (aggregate_bands)
+        if bands and not first:  # the horizontal pair on a side stream, beside the bands (aggregate_bands)
             stream = self._side_streams(1)[0]
             ready = self._event()
             ready.record(self.stream)  # the volume and the sum's zeros
@@ -633,6 +634,7 @@ class CudaBackend:
         self._launcher.launch(kernel, blocks, threads, stream, c1, g1, h, w, n, p1, p2t, s1, dirs, starts)
         if bands:
             self._sgm_bands(c1, g1, h, w, n, p1, p2t, s1[0], vec)
+        if bands and not first:
             done = self._event()
             done.record(stream)
             done.wait(self.stream)
