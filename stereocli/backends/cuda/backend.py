@@ -5,6 +5,7 @@ Data stays on the GPU from upload to download. Allocation failures become a
 StereoError that names the size asked for.
 """
 import mmap
+import os
 import threading
 import time
 import weakref
@@ -159,6 +160,21 @@ def _touch_pages(host):
         host.reshape(-1).view(np.uint8)[::PAGE] = 0
 
 
+_COPY_POOL = []
+COPY_THREADS = min(8, os.cpu_count() or 1)
+
+
+def _copy_pool():
+    """The threads that copy large inputs into pinned memory (None on one core). NumPy
+    releases the GIL inside a large copy."""
+    if COPY_THREADS < 2:
+        return None
+    if not _COPY_POOL:
+        from concurrent.futures import ThreadPoolExecutor
+        _COPY_POOL.append(ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="stereocli-upload"))
+    return _COPY_POOL[0]
+
+
 class CudaBackend:
     name = "cuda"
 
@@ -172,6 +188,7 @@ class CudaBackend:
         self._staging = [(None, None)] * self.STAGING_SLOTS  # (pinned buffer, event after its last copy)
         self._staged = 0  # the slot used last
         self._download_buf = None  # pinned, grown to the largest download
+        self._pieces = (None, None)  # _upload_in_pieces' pinned buffer, and the event after its last copy
         self._like = {}  # (shape, dtype) -> attributes of a pooled array of that shape (_empty)
         self._graphs = {}  # key -> graphs.Graph, or "seen" (run once), or None (not captured)
         self._graph_events = set()  # ids of the events kept by graphs (never recycled)
@@ -284,7 +301,44 @@ class CudaBackend:
         With work queued, a pageable copy would make the host wait for it, so then they go
         through upload (and into a graph's own pinned buffers while one is captured)."""
         direct = not kc.SIM and _cu is not None and self._cap is None and self._stream_idle()
+        if direct and sum(a.nbytes for a in arrays) >= self.UPLOAD_PIECES_MIN_BYTES and _copy_pool() is not None:
+            return self._upload_in_pieces(arrays)
         return [self._upload(a, direct) for a in arrays]
+
+    # Large inputs (two 3840x2160 images) go up in pieces: a few host threads copy them
+    # into a pinned buffer, and each piece is queued for the bus as soon as it is there,
+    # so the host copy runs at several cores' speed and the bus carries the pieces before
+    # meanwhile (a pageable copy: the driver stages it through one thread).
+    UPLOAD_PIECES_MIN_BYTES = 4 << 20
+    UPLOAD_PIECE_BYTES = 1 << 20
+
+    def _upload_in_pieces(self, arrays):
+        arrays = [np.ascontiguousarray(a) for a in arrays]
+        total = sum(a.nbytes for a in arrays)
+        buf, done = self._pieces
+        if done is not None:
+            done.synchronize()  # the last inputs have left the buffer
+        if buf is None or buf.size < total:
+            buf = None
+            buf = cuda.pinned_array(total, np.uint8)
+        outs, jobs, base, pool = [], [], 0, _copy_pool()
+        for a in arrays:
+            out = self._empty(a.shape, a.dtype)
+            outs.append(out)
+            src = a.reshape(-1).view(np.uint8)
+            dptr = out.device_ctypes_pointer.value
+            for s in range(0, a.nbytes, self.UPLOAD_PIECE_BYTES):
+                e = min(s + self.UPLOAD_PIECE_BYTES, a.nbytes)
+                dst = buf[base + s:base + e]
+                jobs.append((pool.submit(np.copyto, dst, src[s:e]), dptr + s, dst.ctypes.data, e - s))
+            base += a.nbytes
+        for job, dptr, hptr, n in jobs:
+            job.result()
+            _check(_cu.cuMemcpyHtoDAsync(dptr, hptr, n, self._hstream), "cuMemcpyHtoDAsync")
+        done = done or self._event()
+        done.record(self.stream)
+        self._pieces = (buf, done)
+        return outs
 
     def _stream_idle(self):
         return _cu.cuStreamQuery(self._hstream)[0] == _cu.CUresult.CUDA_SUCCESS
