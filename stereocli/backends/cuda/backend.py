@@ -161,7 +161,7 @@ def _touch_pages(host):
 
 
 _COPY_POOL = []
-COPY_THREADS = min(8, os.cpu_count() or 1)
+COPY_THREADS = min(4, os.cpu_count() or 1)
 
 
 def _copy_pool():
