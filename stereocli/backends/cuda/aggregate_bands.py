@@ -39,12 +39,14 @@ import os
 import numpy as np
 from numba import cuda, int32, uint32, uint64
 
-from .common import BIG, CACHE, SGM_LANES, SGM_WARPS, SIM, atomic_add_at, from_lane, min_u16x2_for, warp_min3
+from .common import _REGS, BIG, CACHE, SGM_LANES, SGM_WARPS, SIM, atomic_add_at, from_lane, min_u16x2_for, warp_min3
 
 L = SGM_LANES  # lanes of a walk (the simulator: 1, or STEREOCLI_SIM_LANES)
 BANDS = os.environ.get("STEREOCLI_SGM_BANDS", "auto")  # auto | on | off (tests and measurements)
 HFIRST = os.environ.get("STEREOCLI_SGM_HFIRST", "auto")  # the horizontal pair first: auto | on | off
 BAND_ROWS = int(os.environ.get("STEREOCLI_SGM_BAND_ROWS", "4" if SIM else "64"))
+BAND_REGISTER_CAP = 64  # 8 blocks of 4 warps an SM: a 3840-wide band's walks in one wave (band_kernel_for)
+UNCAPPED_BLOCKS_PER_SM = 7  # the kernel's blocks an SM uncapped (72 registers, H100)
 BAND_DISPARITIES = 256  # the only count "auto" bands (see the module's docstring)
 BAND_MIN_CELLS = 1 << 28  # W x H x D: 1920x1080x256 and up
 _KERNELS = {}
@@ -74,10 +76,19 @@ def horizontal_first(blocks: int, sms: int) -> bool:
     return 2 * blocks > 3 * sms
 
 
-def band_kernel_for(n: int, vec: bool):
-    """(kernel, walks per block) for n disparities: K4 = n / (4 L) words a lane."""
+def band_kernel_for(n: int, vec: bool, blocks: int = 0, sms: int = 1):
+    """(kernel, walks per block) for n disparities (K4 = n / (4 L) words a lane) and
+    bands of `blocks` blocks on `sms` SMs: capped at BAND_REGISTER_CAP registers when
+    the uncapped kernel (72 registers, 7 blocks an SM) would need a second wave.
+
+    A band's walks all take its R steps, so a launch lasts as many times R steps as it
+    has waves, and a small second wave costs as much as a full one. H100, SGM ms
+    (bands alone), two rounds: 3840x2160/256/8 (976 blocks) uncapped 17.9 (1.06 waves),
+    at 64 registers 15.2-15.3 (one wave, a few bytes spilled); 1920x1080/256/8 (496
+    blocks, one wave either way) 5.8-6.0 / 6.3-6.5."""
     cc = (0, 0) if SIM else tuple(cuda.get_current_device().compute_capability)
-    key = (n // (4 * L), vec, cc)
+    capped = blocks > UNCAPPED_BLOCKS_PER_SM * sms
+    key = (n // (4 * L), vec, cc, capped)
     if key not in _KERNELS:
         _KERNELS[key] = _make(*key)
     return _KERNELS[key], SGM_WARPS
@@ -94,7 +105,7 @@ def walks(h: int, w: int, ys: int, dy: int, R: int) -> int:
     return w + max(0, band_rows(h, ys, dy, R) - 1)
 
 
-def _make(K4, vec, cc):
+def _make(K4, vec, cc, capped):
     """The band kernel for K4 cost words (4 K4 disparities) a lane. A lane keeps its path
     costs as uint16 pairs in uint32 words (P[walk, 2 i + h]: disparities 4 (lane + L i)
     + 2 h and + 1) and updates both halves at once: the costs stay below 2^15 (aggregate.
@@ -144,7 +155,7 @@ def _make(K4, vec, cc):
         return (uint32(uint32(word & B0) | uint32(uint32(word << S8) & B1)),
                 uint32(uint32(uint32(word >> S16) & B0) | uint32(uint32(word >> S8) & B1)))
 
-    @cuda.jit(cache=CACHE)
+    @cuda.jit(cache=CACHE, **_REGS("STEREOCLI_SGM_BAND_REGS", BAND_REGISTER_CAP if capped else 0))
     def kernel(C1, G1, h, w, n, p1, p2g, S1, ys, R, dy, cin, min_in, cout, mout, first):
         """One band: rows ys, ys + dy, ... (R of them, fewer at the image's edge) of the
         three paths of direction (dx, dy), dx = 0, 1, -1. C1, G1, S1 flat (vec: C1 as
@@ -159,13 +170,15 @@ def _make(K4, vec, cc):
         lane = cuda.threadIdx.x % L
         wi = cuda.threadIdx.x // L
         t = cuda.blockIdx.x * SGM_WARPS + wi
-        rows = min(R, (h - ys) if dy > 0 else ys + 1)
+        rows = int32(min(R, (h - ys) if dy > 0 else ys + 1))
+        w32 = int32(w)
         ks = cuda.local.array(3, int32)  # the walks: path (dx = 0, 1, -1), column, first step, alive
         xs = cuda.local.array(3, int32)
         s0 = cuda.local.array(3, int32)
         live = cuda.local.array(3, int32)
         ms = cuda.local.array(3, int32)  # min L at the previous pixel
         gs = cuda.local.array(3, int32)  # grey level there
+        dxs = cuda.local.array(3, int32)  # the walk's step along x
         P = cuda.local.array((3, K2), uint32)
         q = cuda.local.array((3, K4), uint32)  # the next pixel's cost words
         qg = cuda.local.array(3, int32)
@@ -207,9 +220,13 @@ def _make(K4, vec, cc):
                 words[j, i] = uint32(0)
             ms[j] = 0
             gs[j] = 0
+        for j in range(3):
+            dxs[j] = int32(0 if ks[j] == 0 else (1 if ks[j] == 1 else -1))
         up = (lane + 1) % L
         down = (lane + L - 1) % L
-        for s in range(rows):
+        one = int32(1)
+        s = int32(0)  # (32-bit counters and compares: the loop's bookkeeping is a good part of its work)
+        while s < rows:
             # The three walks' steps go phase by phase (positions and loads; the update;
             # the minima; the adds), so their shuffle chains interleave instead of each
             # waiting on the one before. A walk not at a pixel this step computes on what
@@ -219,33 +236,34 @@ def _make(K4, vec, cc):
                 act[j] = 1 if a else 0
                 if a:
                     k = ks[j]
-                    dx = 0 if k == 0 else (1 if k == 1 else -1)
+                    dx = dxs[j]
                     if s > s0[j]:
-                        xs[j] += dx
+                        xs[j] = int32(xs[j] + dx)
                     x = xs[j]
                     g = qg[j]
                     for i in range(K4):
                         words[j, i] = q[j, i]
-                    xn = x + dx
-                    if s + 1 < rows and 0 <= xn < w:  # the next row's loads
+                    xn = int32(x + dx)
+                    if int32(s + one) < rows and uint32(xn) < uint32(w32):  # the next row's loads
                         pn = rp + drow + uint64(xn)
                         load(C1, pn * PER + lo, q, j)
                         qg[j] = int32(G1[pn])
-                    cont = s > s0[j] or (s == 0 and not first and 0 <= x - dx < w)
+                    xp = int32(x - dx)
+                    cont = s > s0[j] or (s == 0 and not first and uint32(xp) < uint32(w32))
                     if s == s0[j]:
                         if cont:  # the band's first row: from the previous band's last
-                            cb = uint64(k * w + x - dx) * HALF + uint64(2 * lane)
+                            cb = uint64(k * w + xp) * HALF + uint64(2 * lane)
                             for i in range(K4):
                                 for hh in range(2):
                                     P[j, 2 * i + hh] = cin[cb + uint64(2 * L * i + hh)]
-                            ms[j] = min_in[k * w + x - dx]
-                            gs[j] = int32(G1[rp - drow + uint64(x - dx)])
+                            ms[j] = min_in[uint64(k * w + xp)]
+                            gs[j] = int32(G1[rp - drow + uint64(xp)])
                         else:  # a path's first pixel: L = C, the update of L = 0 (and min 0)
                             for i in range(K2):
                                 P[j, i] = uint32(0)
                             ms[j] = 0
                     gc[j] = g
-                    p2s[j] = p2tab[abs(g - gs[j])]
+                    p2s[j] = p2tab[uint32(abs(int32(g - gs[j])))]
             for j in range(3):
                 m = ms[j]
                 mm = uint32(uint32(m) * PAIR)
@@ -284,17 +302,17 @@ def _make(K4, vec, cc):
                     ms[j] = mloc
                     gs[j] = gc[j]
                     k = ks[j]
-                    dx = 0 if k == 0 else (1 if k == 1 else -1)
                     x = xs[j]
                     add(S1, (rp + uint64(x)) * PER + lo, P, j)
-                    if s == rows - 1:
+                    if int32(s + one) == rows:
                         cb = uint64(k * w + x) * HALF + uint64(2 * lane)
                         for i in range(K4):
                             for hh in range(2):
                                 cout[cb + uint64(2 * L * i + hh)] = P[j, 2 * i + hh]
                         if lane == 0:
-                            mout[k * w + x] = mloc
-                    if x + dx < 0 or x + dx >= w:
+                            mout[uint64(k * w + x)] = mloc
+                    if uint32(int32(x + dxs[j])) >= uint32(w32):
                         live[j] = 0  # the walk leaves the image at the side
             rp += drow
+            s = int32(s + one)
     return kernel

@@ -698,8 +698,9 @@ class CudaBackend:
         """The six vertical and diagonal paths in bands of rows (aggregate_bands), adding
         into the flat sum s1: the bands from the top for the paths from above, then from
         the bottom, each starting from the carry the band before left."""
-        kernel, per_block = kband.band_kernel_for(n, vec)
         R = kband.BAND_ROWS
+        kernel, per_block = kband.band_kernel_for(n, vec, (kband.walks(h, w, 0, 1, R) + kc.SGM_WARPS - 1) // kc.SGM_WARPS,
+                                                  kagg._sm_count())
         carry = self._empty((2, 3 * w * n // 2), np.uint32)  # uint16 pairs
         mins = self._empty((2, 3 * w), np.int32)
         threads = kband.L * per_block
