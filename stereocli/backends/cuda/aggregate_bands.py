@@ -1,6 +1,6 @@
 """SGM's six vertical and diagonal paths in bands of rows (aggregate.py's line kernel
-walks whole lines; this one is the CUDA backend's choice for 256 disparities on large
-images, see use_bands).
+walks whole lines; this one is the CUDA backend's choice for 256 disparities, and 128
+on the largest images, see use_bands).
 
 The line kernel runs every path line at once, so the walks that add into a row of the
 sum volume reach it at very different times and each addition reads and writes the
@@ -12,27 +12,25 @@ sum at about the same time and the row is read from DRAM and written back about 
 for the three (at 1920x1080/256 a row's sums and costs are 1.5 MB). A band's walks start
 from the path costs at the previous band's last row, kept in a small carry buffer (3 x
 W x D uint16 and the minima; two of them, read and written by turns), so the sums are
-those of whole lines, bit for bit. The horizontal pair runs at the same time on a side
-stream (aggregate.py's kernel, that pair only); everything adds into the one uint16 sum
-with atomic adds, so the order does not matter.
+those of whole lines, bit for bit. The horizontal pair is aggregate.py's kernel for
+that pair only: beside the bands on a side stream, or before them (horizontal_first).
+The bands add into the one uint16 sum with atomic adds, so their order does not matter.
 
 A warp (the simulator: one thread) takes a column x of the band's first row and steps
 its three walks together, row by row (the pixels (x, y), (x + s, y), (x - s, y) at step
 s); the diagonal walks that enter the band from its sides later are extra warps, two
 walks each. Lane l holds disparities 4 (l + 32 i) + b (i < D / 128, b < 4): word i of
 a pixel's costs (uint32, four bytes) is lane l's, so a warp's loads and atomic adds are
-each one run of consecutive words. The costs are loaded a row ahead.
+each one run of consecutive words. The costs are loaded a row ahead. The path costs are
+kept as uint16 pairs and updated two at a time (_make), and a step goes phase by phase
+over the three walks so that their shuffle chains interleave.
 
-H100, `benchmarks/gpu.py --configs 1920x1080/256/8,3840x2160/256/8`, the line kernel for
-every path (STEREOCLI_SGM_BANDS=off) against bands, two rounds in separate processes:
-SGM 9.84-9.86 -> 7.66-7.73 ms at 1920x1080/256 and 40.6 -> 29.9-30.0 ms at 3840x2160/256;
-the kernels in all 11.40-11.43 -> 9.22-9.29 and 46.3-46.4 -> 35.7; end to end (best of
-15) 13.44-13.55 -> 10.89-10.93 ms at 1920x1080/256/8. At 128 disparities the bands were
-slower (a scratch version at 1920x1080/128: 4.05 ms -> 5.9, the bands alone 4.5-4.9:
-a warp's three walks wait on each step, and the kernel had 15 warps an SM against the
-line kernel's 36), so "auto" takes them at 256 only; nor is the kernel built for more
-(registers). Rows per band: 64 (1920x1080/256 with 16 / 32 / 64 rows, bands alone:
-5.9 / 5.7 / 5.4-5.8 ms); loading two or three rows ahead instead of one was slower.
+H100, `benchmarks/gpu.py`, the kernels (census, SGM, selection, LR check) with the line
+kernel for every path / with bands (twentieth session): 1920x1080/256/8 11.40 / 9.22 ms,
+3840x2160/256/8 46.3 / 35.7; with the pairs, the phases, the horizontal pair first and
+the register cap (twenty-first): 8.07 and 29.83 ms. Rows per band: 64 (1920x1080/256
+with 16 / 32 / 64 rows, bands alone: 5.9 / 5.7 / 5.4-5.8 ms); loading two or three rows
+ahead instead of one was slower.
 """
 import os
 
@@ -47,20 +45,24 @@ HFIRST = os.environ.get("STEREOCLI_SGM_HFIRST", "auto")  # the horizontal pair f
 BAND_ROWS = int(os.environ.get("STEREOCLI_SGM_BAND_ROWS", "4" if SIM else "64"))
 BAND_REGISTER_CAP = 64  # 8 blocks of 4 warps an SM: a 3840-wide band's walks in one wave (band_kernel_for)
 UNCAPPED_BLOCKS_PER_SM = 7  # the kernel's blocks an SM uncapped (72 registers, H100)
-BAND_DISPARITIES = 256  # the only count "auto" bands (see the module's docstring)
-BAND_MIN_CELLS = 1 << 28  # W x H x D: 1920x1080x256 and up
+# The counts "auto" bands, from how many cells (W x H x D). 256: 1920x1080 and up. 128:
+# 3840x2160 and up; below, the bands' chain of R-step launches is longer than the line
+# kernel's longest line takes (H100, SGM ms, line kernel / bands with the horizontal pair
+# first, two rounds: 1920x1080/128/8 4.04-4.13 / 6.9-7.4, 1242x375/128/8 1.17-1.21 /
+# 2.8-2.8, 3840x2160/128/8 20.3-20.3 / 14.5-15.2).
+BAND_MIN_CELLS = {128: 1 << 30, 256: 1 << 28}
 _KERNELS = {}
 
 
 def use_bands(n: int, paths: int, cells: int, vec: bool) -> bool:
     """Whether SGM over `paths` directions with n disparities runs in bands: 8 paths, n a
-    multiple of 4 lanes' words, and ("auto") 256 disparities on at least BAND_MIN_CELLS
-    cells of a GPU's packed sum volume."""
+    multiple of 4 lanes' words, and ("auto") a count of BAND_MIN_CELLS on at least its
+    number of cells of a GPU's packed sum volume."""
     if paths != 8 or n % (4 * L) or BANDS == "off":
         return False
     if BANDS == "on":
         return True
-    return not SIM and vec and n == BAND_DISPARITIES and cells >= BAND_MIN_CELLS
+    return not SIM and vec and cells >= BAND_MIN_CELLS.get(n, 1 << 62)
 
 
 def horizontal_first(blocks: int, sms: int) -> bool:
