@@ -85,9 +85,10 @@ def test_sgm_bit_exact_for_every_lane_grouping(rng, ndisp, paths, prefetch):
     np.testing.assert_array_equal(on_gpu("sgm", C, G, 20, 200, True, paths), on_cpu("sgm", C, G, 20, 200, True, paths))
 
 
+@pytest.mark.parametrize("ndisp", [128, 256])
 @pytest.mark.parametrize("first", ["on", "off"])
 @pytest.mark.parametrize("rows", [3, 64])
-def test_sgm_in_bands_bit_exact(rng, monkeypatch, rows, first):
+def test_sgm_in_bands_bit_exact(rng, monkeypatch, rows, first, ndisp):
     """The six vertical and diagonal paths walked in bands of rows, each band starting
     from the path costs the band before left (aggregate_bands: what the GPU runs for 256
     disparities on large images), beside the horizontal pair or after it (first: the
@@ -106,7 +107,9 @@ def test_sgm_in_bands_bit_exact(rng, monkeypatch, rows, first):
         a.copy_to_device(np.full(a.shape, 0x5A5A5A5A, np.uint64).astype(a.dtype))
         return a
     monkeypatch.setattr(GPU, "_empty", poisoned)
-    h, w, n = (40, 70, 256) if REAL_GPU else (7, 9, 8)
+    if not REAL_GPU and ndisp == 128:
+        pytest.skip("the simulator runs one small count (one lane a walk)")
+    h, w, n = (40, 70, ndisp) if REAL_GPU else (7, 9, 8)
     C = rng.integers(0, 256, (h, w, n)).astype(np.uint8)
     G = rng.integers(0, 256, (h, w)).astype(np.uint8)
     np.testing.assert_array_equal(on_gpu("sgm", C, G, 20, 200, True, 8), on_cpu("sgm", C, G, 20, 200, True, 8))
