@@ -46,11 +46,11 @@ BAND_ROWS = int(os.environ.get("STEREOCLI_SGM_BAND_ROWS", "4" if SIM else "64"))
 BAND_REGISTER_CAP = 64  # 8 blocks of 4 warps an SM: a 3840-wide band's walks in one wave (band_kernel_for)
 UNCAPPED_BLOCKS_PER_SM = 7  # the kernel's blocks an SM uncapped (72 registers, H100)
 # The counts "auto" bands, from how many cells (W x H x D). 256: 1920x1080 and up. 128:
-# 3840x2160 and up; below, the bands' chain of R-step launches is longer than the line
+# 3840x2160 and up (2^29; 2^30 would leave 3840x2160 out); below, the bands' chain of R-step launches is longer than the line
 # kernel's longest line takes (H100, SGM ms, line kernel / bands with the horizontal pair
 # first, two rounds: 1920x1080/128/8 4.04-4.13 / 6.9-7.4, 1242x375/128/8 1.17-1.21 /
 # 2.8-2.8, 3840x2160/128/8 20.3-20.3 / 14.5-15.2).
-BAND_MIN_CELLS = {128: 1 << 30, 256: 1 << 28}
+BAND_MIN_CELLS = {128: 1 << 29, 256: 1 << 28}
 _KERNELS = {}
 
 
