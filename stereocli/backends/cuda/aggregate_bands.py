@@ -49,7 +49,7 @@ UNCAPPED_BLOCKS_PER_SM = 7  # the kernel's blocks an SM uncapped (72 registers, 
 # 3840x2160 and up (2^29; 2^30 would leave 3840x2160 out); below, the bands' chain of R-step launches is longer than the line
 # kernel's longest line takes (H100, SGM ms, line kernel / bands with the horizontal pair
 # first, two rounds: 1920x1080/128/8 4.04-4.13 / 6.9-7.4, 1242x375/128/8 1.17-1.21 /
-# 2.8-2.8, 3840x2160/128/8 20.3-20.3 / 14.5-15.2).
+# 2.8-2.8, 3840x2160/128/8 20.2-20.3 / 14.0-16.8).
 BAND_MIN_CELLS = {128: 1 << 29, 256: 1 << 28}
 _KERNELS = {}
 
