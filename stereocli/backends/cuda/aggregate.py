@@ -5,7 +5,7 @@ import os
 from numba import cuda, int32, uint16, uint32, uint64
 
 from ...stages import aggregate as _agg
-from .common import _REGS, BIG, CACHE, SGM_K, SGM_LANES, SGM_WARPS, SIM, _volume_index, pack4, from_lane_above, from_lane_below, group_min_for, warp_min, device_twins
+from .common import _REGS, BIG, CACHE, SGM_K, SGM_LANES, SGM_WARPS, SIM, _volume_index, atomic_add_at, pack4, from_lane_above, from_lane_below, group_min_for, warp_min, device_twins
 
 agg = device_twins(_agg)  # the stage's shared arithmetic, as device functions
 
@@ -146,21 +146,21 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False):
                         if put:
                             S1[uint64(base + j)] = tw[w, g0 + j]
                         else:
-                            cuda.atomic.add(S1, uint64(base + j), tw[w, g0 + j])
+                            atomic_add_at(S1, uint64(base + j), tw[w, g0 + j])
             cuda.syncwarp(0xFFFFFFFF)
         elif active:
             if vec:
                 for i in range(K4):
                     if 4 * i < nk:
                         if atomic and not put:
-                            cuda.atomic.add(S1, uint64(off + i), pack(v, i))
+                            atomic_add_at(S1, uint64(off + i), pack(v, i))
                         else:
                             S1[uint64(off + i)] = pack(v, i)
             else:
                 for j in range(K):
                     if j < nk:
                         if atomic and not put:
-                            cuda.atomic.add(S1, uint64(off + j), uint32(v[j]))
+                            atomic_add_at(S1, uint64(off + j), uint32(v[j]))
                         else:
                             S1[uint64(off + j)] = v[j]
 
@@ -202,7 +202,7 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False):
         if s + PF < length:
             fetch(C1, off + PF * stride, nk, q, PF - 1)
             gq[PF - 1] = int32(G1[uint64(p + PF * pstep)])
-        p2e = p2tab[abs(g - gp)]  # penalty2 of every grey step, tabulated by the host
+        p2e = p2tab[uint32(abs(int32(g - gp)))]  # penalty2 of every grey step, tabulated by the host
         lo0 = from_below(prev[K - 1], scratch, w, gl)
         hiK = from_above(prev[0], scratch, w, gl)
         mloc = int32(BIG)
