@@ -257,8 +257,17 @@ def _joined(disp, y, x, yy, xx, max_diff):
 
 @njit(cache=CACHE)
 def _root(parent, a):
+    """The root of a's set, halving the path on the way (one thread: it writes parent)."""
     while parent[a] != a:
         parent[a] = parent[parent[a]]
+        a = parent[a]
+    return a
+
+
+@njit(cache=CACHE, inline="always")
+def _find(parent, a):
+    """The root of a's set, parent only read (threads may look up at once)."""
+    while parent[a] != a:
         a = parent[a]
     return a
 
@@ -357,10 +366,7 @@ def speckle_sizes_cpu(disp, max_diff, bands=SPECKLE_BANDS):
     roots = np.empty((bands, 2 * w), np.int32)  # each listed label's root, found in parallel
     for b in prange(bands):  # (no joins follow: parent is only read here)
         for i in range(n_edge[b]):
-            r = edge[b, i]
-            while parent[r] != r:
-                r = parent[r]
-            roots[b, i] = r
+            roots[b, i] = _find(parent, edge[b, i])
     for b in range(bands):  # (serial: the bands' labels add into shared totals)
         for i in range(n_edge[b]):
             total[roots[b, i]] += sizes[edge[b, i]]
