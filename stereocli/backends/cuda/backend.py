@@ -670,7 +670,7 @@ class CudaBackend:
         per_block = kagg.sgm_lines_per_block(G)
         blocks = (starts.shape[0] + per_block - 1) // per_block
         first = bands and kband.horizontal_first(blocks, kagg._sm_count())
-        kernel, G, vec = kagg.sgm_kernel_for(n, starts.shape[0], first_store=first)
+        kernel = kagg.sgm_kernel_for(n, starts.shape[0], first_store=first)[0]  # (its G and vec: sgm_shape's)
         if kagg.SGM_ATOMIC:  # (first: the horizontal pair stores where it comes first, so no zeros)
             sp = (self._empty if first else self._zeros)((1, h, w, n), np.uint16 if vec else np.uint32)
         else:
