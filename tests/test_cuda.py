@@ -88,18 +88,21 @@ def test_sgm_bit_exact_for_every_lane_grouping(rng, ndisp, paths, prefetch):
 @pytest.mark.parametrize("ndisp", [128, 256])
 @pytest.mark.parametrize("first", ["on", "off"])
 @pytest.mark.parametrize("rows", [3, 64])
-def test_sgm_in_bands_bit_exact(rng, monkeypatch, rows, first, ndisp):
+@pytest.mark.parametrize("together", [True, False])
+def test_sgm_in_bands_bit_exact(rng, monkeypatch, together, rows, first, ndisp):
     """The six vertical and diagonal paths walked in bands of rows, each band starting
     from the path costs the band before left (aggregate_bands: what the GPU runs for 256
     disparities on large images), beside the horizontal pair or after it (first: the
     pair stores where it comes first, into a sum nobody zeroed): the CPU's sums, with
-    bands shorter than the image and with one band."""
-    if not REAL_GPU and ndisp == 128:
-        pytest.skip("the simulator runs one small count (one lane a walk)")
+    bands shorter than the image and with one band; the sweeps from above and from
+    below one after the other or at once on two streams (together)."""
+    if not REAL_GPU and (ndisp == 128 or together):
+        pytest.skip("the simulator runs one small count (one lane a walk), on one stream")
     from stereocli.backends.cuda import aggregate_bands as kband
     monkeypatch.setattr(kband, "BANDS", "on")
     monkeypatch.setattr(kband, "BAND_ROWS", rows)
     monkeypatch.setattr(kband, "HFIRST", first)
+    monkeypatch.setattr(kband, "SWEEPS_AT_ONCE", together)
     if first == "on":  # and the kernel capped at 64 registers (a second wave otherwise: 3840x2160)
         monkeypatch.setattr(kband, "UNCAPPED_BLOCKS_PER_SM", 0)
     empty = GPU._empty

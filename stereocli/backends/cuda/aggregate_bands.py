@@ -1,12 +1,12 @@
 """SGM's six vertical and diagonal paths in bands of rows (aggregate.py's line kernel
-walks whole lines; this one is the CUDA backend's choice for 256 disparities, and 128
-on the largest images, see use_bands).
+walks whole lines; this one is the CUDA backend's choice for 8 paths over 128 or 256
+disparities from the KITTI size up, see use_bands).
 
 The line kernel runs every path line at once, so the walks that add into a row of the
 sum volume reach it at very different times and each addition reads and writes the
 row in DRAM: 29-38 bytes of traffic a cell at 1920x1080 (README, GPU speed). Here the
 paths from above (dx = 0, +1, -1) are walked one band of R rows at a time, top band
-first, then the paths from below, bottom band first. A band's walks step row by row
+first, and at the same time the paths from below, bottom band first. A band's walks step row by row
 together (a launch per band keeps them so), so the three paths add into a row of the
 sum at about the same time and the row is read from DRAM and written back about once
 for the three (at 1920x1080/256 a row's sums and costs are 1.5 MB). A band's walks start
@@ -42,15 +42,26 @@ from .common import _REGS, BIG, CACHE, SGM_LANES, SGM_WARPS, SIM, atomic_add_at,
 L = SGM_LANES  # lanes of a walk (the simulator: 1, or STEREOCLI_SIM_LANES)
 BANDS = os.environ.get("STEREOCLI_SGM_BANDS", "auto")  # auto | on | off (tests and measurements)
 HFIRST = os.environ.get("STEREOCLI_SGM_HFIRST", "auto")  # the horizontal pair first: auto | on | off
+# The sweeps from above and from below at once, on two streams (each with its own carry;
+# their atomic adds commute), or one after the other. H100, SGM ms apart / together (the
+# horizontal pair where it was before), two rounds: 1920x1080/256/8 6.51-6.53 /
+# 6.26-6.42, 3840x2160/128/8 14.0 / 12.3, 3840x2160/256/8 23.9-24.0 / 22.9-23.0: the
+# serial chain of band launches is half as long, and one sweep's blocks fill what the
+# other's leave idle. STEREOCLI_SGM_SWEEPS=together|apart.
+SWEEPS_AT_ONCE = os.environ.get("STEREOCLI_SGM_SWEEPS", "together") == "together"
 BAND_ROWS = int(os.environ.get("STEREOCLI_SGM_BAND_ROWS", "4" if SIM else "64"))
 BAND_REGISTER_CAP = 64  # 8 blocks of 4 warps an SM: a 3840-wide band's walks in one wave (band_kernel_for)
 UNCAPPED_BLOCKS_PER_SM = 7  # the kernel's blocks an SM uncapped (72 registers, H100)
 # The counts "auto" bands, from how many cells (W x H x D). 256: 1920x1080 and up. 128:
-# 3840x2160 and up (2^29; 2^30 would leave 3840x2160 out); below, the bands' chain of R-step launches is longer than the line
-# kernel's longest line takes (H100, SGM ms, line kernel / bands with the horizontal pair
-# first, two rounds: 1920x1080/128/8 4.04-4.13 / 6.9-7.4, 1242x375/128/8 1.17-1.21 /
-# 2.8-2.8, 3840x2160/128/8 20.2-20.3 / 14.0-16.8).
-BAND_MIN_CELLS = {128: 1 << 29, 256: 1 << 28}
+# from 3 x 2^24 cells (1242x375 and up; 741x500 keeps the line kernel). H100, SGM ms,
+# line kernel / bands (both sweeps at once, the horizontal pair as horizontal_first
+# picks), two rounds in separate processes (twenty-second session): 741x500/128/8
+# 0.625-0.626 / 0.831-0.835, 1242x375/128/8 1.06 / 0.907-0.913, 1920x1080/128/8
+# 4.01-4.02 / 3.18-3.20, 3840x2160/128/8 14.0 (bands, sweeps one after the other) /
+# 12.27-12.33. (With the sweeps one after the other, bands lost below 3840x2160: 1920x1080/128/8
+# 4.04-4.13 / 6.9-7.4, the horizontal pair first.)
+BAND_MIN_CELLS = {128: 3 << 24, 256: 1 << 28}
+HFIRST_MIN_CELLS = 3 << 27  # horizontal_first "auto"
 _KERNELS = {}
 
 
@@ -65,17 +76,18 @@ def use_bands(n: int, paths: int, cells: int, vec: bool) -> bool:
     return not SIM and vec and cells >= BAND_MIN_CELLS.get(n, 1 << 62)
 
 
-def horizontal_first(blocks: int, sms: int) -> bool:
-    """Whether the horizontal pair (`blocks` blocks of the line kernel) runs before the
-    bands, alone, storing its costs where it comes first (no zeroed sum, and the sum read
-    once fewer), instead of beside them on a side stream. Beside them, its blocks hold
-    the SMs' registers for the whole sweep. H100, SGM ms beside / first, two rounds:
-    3840x2160/256/8 (270 blocks on 132 SMs) 28.2-28.3 / 26.1, the bands beside it taking
-    as long as after it; 1920x1080/256/8 (135 blocks) 6.7-7.1 / 7.2-9.7. "auto": first
-    from 1.5 blocks an SM, between the two. STEREOCLI_SGM_HFIRST=auto|on|off."""
+def horizontal_first(cells: int) -> bool:
+    """Whether the horizontal pair runs before the bands, alone, storing its costs where
+    it comes first (no zeroed sum, and the sum read once fewer), instead of beside them
+    on a side stream, where its blocks hold registers for the whole sweep. "auto": from
+    HFIRST_MIN_CELLS cells (W x H x D), between the sizes measured. H100, SGM ms beside /
+    first, both sweeps at once, two rounds: 1242x375/128/8 0.907-0.913 / 1.415-1.423,
+    1920x1080/128/8 3.18-3.20 / 3.67-3.69, 1920x1080/256/8 6.30-6.36 / 6.15-6.18,
+    3840x2160/128/8 13.4 / 12.27-12.32, 3840x2160/256/8 26.7 / 22.98-22.99.
+    STEREOCLI_SGM_HFIRST=auto|on|off."""
     if HFIRST in ("on", "off"):
         return HFIRST == "on"
-    return 2 * blocks > 3 * sms
+    return cells >= HFIRST_MIN_CELLS
 
 
 def band_kernel_for(n: int, vec: bool, blocks: int = 0, sms: int = 1):

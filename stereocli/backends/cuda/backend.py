@@ -669,7 +669,7 @@ class CudaBackend:
         dirs, starts = self._lines(h, w, paths, horizontal=bands)
         per_block = kagg.sgm_lines_per_block(G)
         blocks = (starts.shape[0] + per_block - 1) // per_block
-        first = bands and kband.horizontal_first(blocks, kagg._sm_count())
+        first = bands and kband.horizontal_first(h * w * n)
         kernel = kagg.sgm_kernel_for(n, starts.shape[0], first_store=first)[0]  # (its G and vec: sgm_shape's)
         if kagg.SGM_ATOMIC:  # (first: the horizontal pair stores where it comes first, so no zeros)
             sp = (self._empty if first else self._zeros)((1, h, w, n), np.uint16 if vec else np.uint32)
@@ -696,20 +696,40 @@ class CudaBackend:
 
     def _sgm_bands(self, c1, g1, h, w, n, p1, p2t, s1, vec):
         """The six vertical and diagonal paths in bands of rows (aggregate_bands), adding
-        into the flat sum s1: the bands from the top for the paths from above, then from
-        the bottom, each starting from the carry the band before left."""
+        into the flat sum s1: the bands from the top for the paths from above, and from
+        the bottom for the paths from below, each band starting from the carry the band
+        before left. kband.SWEEPS_AT_ONCE: the two sweeps run at once, the one from below
+        on a side stream with its own carry (their atomic adds commute)."""
         R = kband.BAND_ROWS
         kernel, per_block = kband.band_kernel_for(n, vec, (kband.walks(h, w, 0, 1, R) + kc.SGM_WARPS - 1) // kc.SGM_WARPS,
                                                   kagg._sm_count())
-        carry = self._empty((2, 3 * w * n // 2), np.uint32)  # uint16 pairs
-        mins = self._empty((2, 3 * w), np.int32)
+        at_once = kband.SWEEPS_AT_ONCE and not kc.SIM
+        carry = self._empty((2, 2, 3 * w * n // 2), np.uint32)  # [sweep, turn]: uint16 pairs
+        mins = self._empty((2, 2, 3 * w), np.int32)
+        # the views, taken once (a device array's slicing costs more host time than a launch)
+        turns = [[(carry[k, t], mins[k, t]) for t in (0, 1)] for k in (0, 1)]
+        if not at_once:
+            turns[1] = turns[0]  # the sweep from below after the one from above, in the same carry
         threads = kband.L * per_block
-        for dy in (1, -1):
-            for b in range((h + R - 1) // R):
-                ys = b * R if dy > 0 else h - 1 - b * R
-                walks = kband.walks(h, w, ys, dy, R)
-                self._launch(kernel, (walks + per_block - 1) // per_block, threads, c1, g1, h, w, n, p1, p2t, s1,
-                             ys, R, dy, carry[(b + 1) & 1], mins[(b + 1) & 1], carry[b & 1], mins[b & 1], b == 0)
+        streams = [self.stream, self.stream]
+        if at_once:
+            streams[1] = self._side_streams(2)[1]
+            ready = self._event()
+            ready.record(self.stream)  # the volume, the sum and what came before on the main stream
+            ready.wait(streams[1])
+        nb = (h + R - 1) // R
+        order = [(b, k) for b in range(nb) for k in (0, 1)] if at_once else [(b, k) for k in (0, 1) for b in range(nb)]
+        for b, k in order:
+            dy = 1 - 2 * k
+            ys = b * R if dy > 0 else h - 1 - b * R
+            blocks = (kband.walks(h, w, ys, dy, R) + per_block - 1) // per_block
+            (c_in, m_in), (c_out, m_out) = turns[k][(b + 1) & 1], turns[k][b & 1]  # (b == 0: c_in unread)
+            self._launcher.launch(kernel, blocks, threads, streams[k], c1, g1, h, w, n, p1, p2t, s1, ys, R, dy,
+                                  c_in, m_in, c_out, m_out, b == 0)
+        if at_once:
+            done = self._event()
+            done.record(streams[1])
+            done.wait(self.stream)
 
     def mgm(self, vol, guide, p1, p2, adaptive, paths):
         """More Global Matching: a launch per pass (kagg._make_mgm_kernel: tiles of lines
