@@ -16,12 +16,13 @@ those of whole lines, bit for bit. The horizontal pair is aggregate.py's kernel 
 that pair only: beside the bands on a side stream, or before them (horizontal_first).
 The bands add into the one uint16 sum with atomic adds, so their order does not matter.
 
-A warp (the simulator: one thread) takes a column x of the band's first row and steps
-its three walks together, row by row (the pixels (x, y), (x + s, y), (x - s, y) at step
-s); the diagonal walks that enter the band from its sides later are extra warps, two
-walks each. Lane l holds disparities 4 (l + 32 i) + b (i < D / 128, b < 4): word i of
-a pixel's costs (uint32, four bytes) is lane l's, so a warp's loads and atomic adds are
-each one run of consecutive words. The costs are loaded a row ahead. The path costs are
+A group of LW lanes (a warp at 256 disparities and more, half a warp at 128, so that a
+lane holds two cost words; the simulator: one thread) takes a column x of the band's
+first row and steps its three walks together, row by row (the pixels (x, y), (x + s, y),
+(x - s, y) at step s); the diagonal walks that enter the band from its sides later are
+extra groups, two walks each. Lane l of a group holds disparities 4 (l + LW i) + b (i <
+D / (4 LW), b < 4): word i of a pixel's costs (uint32, four bytes) is lane l's, so a
+group's loads and atomic adds are each one run of consecutive words. The costs are loaded a row ahead. The path costs are
 kept as uint16 pairs and updated two at a time (_make), and a step goes phase by phase
 over the three walks so that their shuffle chains interleave.
 
@@ -37,9 +38,12 @@ import os
 import numpy as np
 from numba import cuda, int32, uint32, uint64
 
-from .common import _REGS, BIG, CACHE, SGM_LANES, SGM_WARPS, SIM, atomic_add_at, from_lane, min_u16x2_for, warp_min3
+from .common import _REGS, BIG, CACHE, SGM_LANES, SGM_WARPS, SIM, atomic_add_at, from_lane, group_min3_for, min_u16x2_for
 
-L = SGM_LANES  # lanes of a walk (the simulator: 1, or STEREOCLI_SIM_LANES)
+L = SGM_LANES  # lanes of a warp (the simulator: 1, or STEREOCLI_SIM_LANES)
+# Lanes of a walk at 128 disparities: 16 (two columns a warp, 2 words a lane) or 32 (one
+# column, 1 word a lane). STEREOCLI_SGM_BAND_LANES=16|32 (measurements).
+LANES_128 = int(os.environ.get("STEREOCLI_SGM_BAND_LANES", "16"))
 BANDS = os.environ.get("STEREOCLI_SGM_BANDS", "auto")  # auto | on | off (tests and measurements)
 HFIRST = os.environ.get("STEREOCLI_SGM_HFIRST", "auto")  # the horizontal pair first: auto | on | off
 # The sweeps from above and from below at once, on two streams (each with its own carry;
@@ -90,10 +94,17 @@ def horizontal_first(cells: int) -> bool:
     return cells >= HFIRST_MIN_CELLS
 
 
-def band_kernel_for(n: int, vec: bool, blocks: int = 0, sms: int = 1):
-    """(kernel, walks per block) for n disparities (K4 = n / (4 L) words a lane) and
-    bands of `blocks` blocks on `sms` SMs: capped at BAND_REGISTER_CAP registers when
-    the uncapped kernel (72 registers, 7 blocks an SM) would need a second wave.
+def walk_lanes(n: int) -> int:
+    """Lanes of a walk for n disparities: a warp's (32) from 256 disparities, LANES_128 at
+    128, so that a lane holds two cost words (the simulator: its warp's lanes)."""
+    return LANES_128 if not SIM and n == 128 else L
+
+
+def band_kernel_for(n: int, vec: bool, walks: int = 0, sms: int = 1):
+    """(kernel, walks per block, threads per block) for n disparities (walk_lanes lanes
+    of K4 = n / (4 lanes) words a walk) and a first band of `walks` walk groups on `sms`
+    SMs: capped at BAND_REGISTER_CAP registers when the uncapped kernel (72 registers,
+    7 blocks an SM) would need a second wave.
 
     A band's walks all take its R steps, so a launch lasts as many times R steps as it
     has waves, and a small second wave costs as much as a full one. H100, SGM ms
@@ -101,11 +112,13 @@ def band_kernel_for(n: int, vec: bool, blocks: int = 0, sms: int = 1):
     at 64 registers 15.2-15.3 (one wave, a few bytes spilled); 1920x1080/256/8 (496
     blocks, one wave either way) 5.8-6.0 / 6.3-6.5."""
     cc = (0, 0) if SIM else tuple(cuda.get_current_device().compute_capability)
-    capped = blocks > UNCAPPED_BLOCKS_PER_SM * sms
-    key = (n // (4 * L), vec, cc, capped)
+    lw = walk_lanes(n)
+    per_block = SGM_WARPS * (L // lw)
+    capped = (walks + per_block - 1) // per_block > UNCAPPED_BLOCKS_PER_SM * sms
+    key = (n // (4 * lw), lw, vec, cc, capped)
     if key not in _KERNELS:
         _KERNELS[key] = _make(*key)
-    return _KERNELS[key], SGM_WARPS
+    return _KERNELS[key], per_block, L * SGM_WARPS
 
 
 def band_rows(h: int, ys: int, dy: int, R: int) -> int:
@@ -119,19 +132,22 @@ def walks(h: int, w: int, ys: int, dy: int, R: int) -> int:
     return w + max(0, band_rows(h, ys, dy, R) - 1)
 
 
-def _make(K4, vec, cc, capped):
+def _make(K4, LW, vec, cc, capped):
     """The band kernel for K4 cost words (4 K4 disparities) a lane. A lane keeps its path
     costs as uint16 pairs in uint32 words (P[walk, 2 i + h]: disparities 4 (lane + L i)
     + 2 h and + 1) and updates both halves at once: the costs stay below 2^15 (aggregate.
     EDGE), so a 32-bit add or subtract of two pairs carries nothing from one half into the
     other, and the minima are min_u16x2 (one instruction on Hopper). Offsets into the
     volumes are unsigned and stepped a row at a time (no per-access multiply by a
-    run-time size, no negative-index fix-up)."""
+    run-time size, no negative-index fix-up). LW lanes take a walk group (a column's three
+    walks): 32 // LW groups a warp, side by side, each its own column."""
     min2 = min_u16x2_for(cc)
+    GW = L // LW  # walk groups a warp
+    gmin3 = group_min3_for(LW)
     K2 = 2 * K4  # a lane's uint16 pairs
-    PER = np.uint64(K4 * L if vec else 4 * K4 * L)  # a pixel's words (vec: C1 uint32, S1 uint64) or costs
-    WSTEP = np.uint64(L if vec else 4 * L)  # from a lane's word i to its word i + 1
-    HALF = np.uint64(2 * K4 * L)  # a pixel's uint16 pairs in the carry (n / 2)
+    PER = np.uint64(K4 * LW if vec else 4 * K4 * LW)  # a pixel's words (vec: C1 uint32, S1 uint64) or costs
+    WSTEP = np.uint64(LW if vec else 4 * LW)  # from a lane's word i to its word i + 1
+    HALF = np.uint64(2 * K4 * LW)  # a pixel's uint16 pairs in the carry (n / 2)
     U0, U1, U2 = np.uint64(0), np.uint64(1), np.uint64(2)
     B0, B1, B2 = np.uint32(0xFF), np.uint32(0xFF0000), np.uint32(0xFFFF)
     S8, S16, S32 = np.uint32(8), np.uint32(16), np.uint64(32)
@@ -183,7 +199,9 @@ def _make(K4, vec, cc, capped):
         cuda.syncthreads()
         lane = cuda.threadIdx.x % L
         wi = cuda.threadIdx.x // L
-        t = cuda.blockIdx.x * SGM_WARPS + wi
+        grp = lane // LW  # this lane's walk group in the warp, and its place there
+        gl = lane % LW
+        t = (cuda.blockIdx.x * SGM_WARPS + wi) * GW + grp
         rows = int32(min(R, (h - ys) if dy > 0 else ys + 1))
         w32 = int32(w)
         ks = cuda.local.array(3, int32)  # the walks: path (dx = 0, 1, -1), column, first step, alive
@@ -204,17 +222,17 @@ def _make(K4, vec, cc, capped):
                 live[j] = 1
         else:
             e = t - w
-            if e >= rows - 1:
-                return
-            for j in range(3):
+            if e - grp >= rows - 1:
+                return  # the whole warp is past the band's walks
+            for j in range(3):  # (a group past them walks nothing, but its lanes shuffle)
                 ks[j] = 1 + j if j < 2 else 0
                 xs[j] = 0 if j == 0 else w - 1
                 s0[j] = 1 + e
-                live[j] = 1 if j < 2 else 0
+                live[j] = 1 if j < 2 and e < rows - 1 else 0
         wu = uint64(w)
         drow = wu if dy > 0 else U0 - wu  # from a row's first pixel to the next row's, mod 2^64
         rp = uint64(ys) * wu  # the first pixel of the step's row
-        lo = uint64(lane) if vec else uint64(4 * lane)  # the lane's first word (cost) of a pixel
+        lo = uint64(gl) if vec else uint64(4 * gl)  # the lane's first word (cost) of a pixel
         for j in range(3):
             if live[j] != 0:
                 pix = rp + uint64(s0[j]) * drow + uint64(xs[j])
@@ -236,8 +254,8 @@ def _make(K4, vec, cc, capped):
             gs[j] = 0
         for j in range(3):
             dxs[j] = int32(0 if ks[j] == 0 else (1 if ks[j] == 1 else -1))
-        up = (lane + 1) % L
-        down = (lane + L - 1) % L
+        up = grp * LW + (gl + 1) % LW
+        down = grp * LW + (gl + LW - 1) % LW
         one = int32(1)
         s = int32(0)  # (32-bit counters and compares: the loop's bookkeeping is a good part of its work)
         while s < rows:
@@ -266,10 +284,10 @@ def _make(K4, vec, cc, capped):
                     cont = s > s0[j] or (s == 0 and not first and uint32(xp) < uint32(w32))
                     if s == s0[j]:
                         if cont:  # the band's first row: from the previous band's last
-                            cb = uint64(k * w + xp) * HALF + uint64(2 * lane)
+                            cb = uint64(k * w + xp) * HALF + uint64(2 * gl)
                             for i in range(K4):
                                 for hh in range(2):
-                                    P[j, 2 * i + hh] = cin[cb + uint64(2 * L * i + hh)]
+                                    P[j, 2 * i + hh] = cin[cb + uint64(2 * LW * i + hh)]
                             ms[j] = min_in[uint64(k * w + xp)]
                             gs[j] = int32(G1[rp - drow + uint64(xp)])
                         else:  # a path's first pixel: L = C, the update of L = 0 (and min 0)
@@ -293,8 +311,8 @@ def _make(K4, vec, cc, capped):
                     tn = uint32(BIG)
                     if i + 1 < K4:
                         tn = uint32(uint32(from_lane(int32(P[j, 2 * i + 2]), up, scratch, wi, lane)) & B2)
-                    lo_in = tl if lane > 0 else below
-                    hi_in = tu if lane < L - 1 else tn
+                    lo_in = tl if gl > 0 else below
+                    hi_in = tu if gl < LW - 1 else tn
                     below = tl
                     xa = uint32(lo_in | uint32(a << S16))  # the neighbours below a's pair
                     xb = uint32(uint32(a >> S16) | uint32(b << S16))  # above a's, below b's
@@ -307,7 +325,7 @@ def _make(K4, vec, cc, capped):
                     P[j, 2 * i + 1] = vb
                     mp = min2(mp, min2(va, vb))
                 mps[j] = mp
-            m0, m1, m2 = warp_min3(int32(min(uint32(mps[0] & B2), uint32(mps[0] >> S16))),
+            m0, m1, m2 = gmin3(int32(min(uint32(mps[0] & B2), uint32(mps[0] >> S16))),
                                    int32(min(uint32(mps[1] & B2), uint32(mps[1] >> S16))),
                                    int32(min(uint32(mps[2] & B2), uint32(mps[2] >> S16))), scratch, wi, lane)
             for j in range(3):
@@ -319,11 +337,11 @@ def _make(K4, vec, cc, capped):
                     x = xs[j]
                     add(S1, (rp + uint64(x)) * PER + lo, P, j)
                     if int32(s + one) == rows:
-                        cb = uint64(k * w + x) * HALF + uint64(2 * lane)
+                        cb = uint64(k * w + x) * HALF + uint64(2 * gl)
                         for i in range(K4):
                             for hh in range(2):
-                                cout[cb + uint64(2 * L * i + hh)] = P[j, 2 * i + hh]
-                        if lane == 0:
+                                cout[cb + uint64(2 * LW * i + hh)] = P[j, 2 * i + hh]
+                        if gl == 0:
                             mout[uint64(k * w + x)] = mloc
                     if uint32(int32(x + dxs[j])) >= uint32(w32):
                         live[j] = 0  # the walk leaves the image at the side

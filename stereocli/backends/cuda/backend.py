@@ -701,8 +701,7 @@ class CudaBackend:
         before left. kband.SWEEPS_AT_ONCE: the two sweeps run at once, the one from below
         on a side stream with its own carry (their atomic adds commute)."""
         R = kband.BAND_ROWS
-        kernel, per_block = kband.band_kernel_for(n, vec, (kband.walks(h, w, 0, 1, R) + kc.SGM_WARPS - 1) // kc.SGM_WARPS,
-                                                  kagg._sm_count())
+        kernel, per_block, threads = kband.band_kernel_for(n, vec, kband.walks(h, w, 0, 1, R), kagg._sm_count())
         at_once = kband.SWEEPS_AT_ONCE and not kc.SIM
         carry = self._empty((2, 2, 3 * w * n // 2), np.uint32)  # [sweep, turn]: uint16 pairs
         mins = self._empty((2, 2, 3 * w), np.int32)
@@ -710,7 +709,6 @@ class CudaBackend:
         turns = [[(carry[k, t], mins[k, t]) for t in (0, 1)] for k in (0, 1)]
         if not at_once:
             turns[1] = turns[0]  # the sweep from below after the one from above, in the same carry
-        threads = kband.L * per_block
         streams = [self.stream, self.stream]
         if at_once:
             streams[1] = self._side_streams(2)[1]

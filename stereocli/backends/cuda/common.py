@@ -218,6 +218,24 @@ else:
         return a, b, c
 
 
+def group_min3_for(G):
+    """group_min3(a, b, c, scratch, w, gl): group_min_for(G) of three values, their
+    shuffle chains interleaved (the simulator: warp_min3)."""
+    if SIM:
+        return warp_min3
+
+    @cuda.jit(device=True, inline=True)
+    def group_min3(a, b, c, scratch, w, gl):
+        off = G // 2
+        while off > 0:
+            a = min(a, cuda.shfl_xor_sync(0xFFFFFFFF, a, off))
+            b = min(b, cuda.shfl_xor_sync(0xFFFFFFFF, b, off))
+            c = min(c, cuda.shfl_xor_sync(0xFFFFFFFF, c, off))
+            off //= 2
+        return a, b, c
+    return group_min3
+
+
 def group_min_for(G):
     """group_min(v, scratch, w, gl): the min of v over an aligned group of G lanes of a
     warp (G a power of two up to 32), by shuffles in which every lane of the warp takes
