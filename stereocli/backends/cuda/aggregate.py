@@ -365,14 +365,24 @@ SGM_PREFETCH = int(os.environ.get("STEREOCLI_SGM_PREFETCH", "0"))
 SGM_PREFETCH_LINES_PER_SM = 40
 
 
-def sgm_shape(ndisp):
+# K of the horizontal pair alone (beside or before the bands: aggregate_bands) above 128
+# disparities: 8, a line a warp, twice the warps of K = 16. H100, SGM ms K = 16 / 8, two
+# rounds (twenty-second session): 1920x1080/256/8 (the pair first) 6.19-6.20 / 5.67-5.68,
+# 3840x2160/256/8 23.44-23.50 / 22.57-22.64. At 128 disparities K = 4 stays (K = 8:
+# 1920x1080/128/8 3.02 -> 2.98, but 1242x375/128/8 0.91 -> 1.01).
+SGM_HORIZONTAL_K = 8
+
+
+def sgm_shape(ndisp, horizontal=False):
     """(G, K, vec) of the SGM line kernel for D disparities: G lanes per path line, K
     disparities per lane, and whether the volumes are read and added to in words (the
-    cost volume as uint32 words, the sum as uint64 words of four uint16 sums)."""
+    cost volume as uint32 words, the sum as uint64 words of four uint16 sums).
+    `horizontal`: the kernel runs the horizontal pair alone (SGM_HORIZONTAL_K)."""
     if SIM:
         G, K = SGM_LANES, SGM_K
     else:
-        K = int(os.environ.get("STEREOCLI_SGM_K", "0")) or (4 if ndisp <= 128 else 16)
+        K = int(os.environ.get("STEREOCLI_SGM_K", "0")) or (
+            4 if ndisp <= 128 else (SGM_HORIZONTAL_K if horizontal else 16))
         G = 1
         while G * K < ndisp:
             G *= 2
@@ -381,10 +391,11 @@ def sgm_shape(ndisp):
     return G, K, (not SIM) and ndisp % 4 == 0 and K % 4 == 0
 
 
-def sgm_kernel_for(ndisp, lines=0, first_store=False):
+def sgm_kernel_for(ndisp, lines=0, first_store=False, horizontal=False):
     """(kernel, G, vec) for D disparities and `lines` path lines (sgm_shape), with the
-    prefetch depth (SGM_PREFETCH) for that many lines; first_store: see _make_sgm_kernel."""
-    G, K, vec = sgm_shape(ndisp)
+    prefetch depth (SGM_PREFETCH) for that many lines; first_store: see _make_sgm_kernel;
+    horizontal: see sgm_shape."""
+    G, K, vec = sgm_shape(ndisp, horizontal)
     pf = SGM_PREFETCH or (2 if lines <= SGM_PREFETCH_LINES_PER_SM * _sm_count() else 1)
     key = (G, K, vec, SGM_ATOMIC, pf, first_store and SGM_ATOMIC)
     if key not in _SGM_KERNELS:

@@ -664,13 +664,14 @@ class CudaBackend:
             raise StereoError(f"the CUDA SGM handles at most {kc.MAX_SGM_DISPARITIES} disparities, not {n}; "
                               f"use --device cpu")
         pairs = aggregate.direction_pairs(paths)
-        G, _, vec = kagg.sgm_shape(n)
+        vec = kagg.sgm_shape(n)[2]
         bands = kagg.SGM_ATOMIC and kband.use_bands(n, paths, h * w * n, vec)
+        G = kagg.sgm_shape(n, horizontal=bands)[0]  # (bands: the horizontal pair's own shape)
         dirs, starts = self._lines(h, w, paths, horizontal=bands)
         per_block = kagg.sgm_lines_per_block(G)
         blocks = (starts.shape[0] + per_block - 1) // per_block
         first = bands and kband.horizontal_first(h * w * n)
-        kernel = kagg.sgm_kernel_for(n, starts.shape[0], first_store=first)[0]  # (its G and vec: sgm_shape's)
+        kernel = kagg.sgm_kernel_for(n, starts.shape[0], first_store=first, horizontal=bands)[0]  # (G, vec: sgm_shape's)
         if kagg.SGM_ATOMIC:  # (first: the horizontal pair stores where it comes first, so no zeros)
             sp = (self._empty if first else self._zeros)((1, h, w, n), np.uint16 if vec else np.uint32)
         else:
