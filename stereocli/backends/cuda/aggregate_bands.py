@@ -29,7 +29,9 @@ over the three walks so that their shuffle chains interleave.
 H100, `benchmarks/gpu.py`, the kernels (census, SGM, selection, LR check) with the line
 kernel for every path / with bands (twentieth session): 1920x1080/256/8 11.40 / 9.22 ms,
 3840x2160/256/8 46.3 / 35.7; with the pairs, the phases, the horizontal pair first and
-the register cap (twenty-first): 8.07 and 29.83 ms. Rows per band: 64 (1920x1080/256
+the register cap (twenty-first): 8.07 and 29.83 ms; with both sweeps at once and the
+horizontal pair at 8 disparities a lane (twenty-second): 7.25 and 28.26 ms, and
+1920x1080/128/8 4.91 -> 3.93 ms with bands of half-warp walks. Rows per band: 64 (1920x1080/256
 with 16 / 32 / 64 rows, bands alone: 5.9 / 5.7 / 5.4-5.8 ms); loading two or three rows
 ahead instead of one was slower.
 """
