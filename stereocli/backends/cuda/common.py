@@ -203,26 +203,14 @@ def _flat_atomic_add():
 atomic_add_at = _flat_atomic_add()
 
 
-if SIM:
-    @cuda.jit(device=True)
-    def warp_min3(a, b, c, scratch, w, lane):
-        return warp_min(a, scratch, w, lane), warp_min(b, scratch, w, lane), warp_min(c, scratch, w, lane)
-else:
-    @cuda.jit(device=True, inline=True)
-    def warp_min3(a, b, c, scratch, w, lane):
-        """warp_min of three values, their shuffle chains interleaved."""
-        for off in (16, 8, 4, 2, 1):
-            a = min(a, cuda.shfl_xor_sync(0xFFFFFFFF, a, off))
-            b = min(b, cuda.shfl_xor_sync(0xFFFFFFFF, b, off))
-            c = min(c, cuda.shfl_xor_sync(0xFFFFFFFF, c, off))
-        return a, b, c
-
-
 def group_min3_for(G):
     """group_min3(a, b, c, scratch, w, gl): group_min_for(G) of three values, their
-    shuffle chains interleaved (the simulator: warp_min3)."""
+    shuffle chains interleaved (the simulator: warp_min's shared-memory twin, three times)."""
     if SIM:
-        return warp_min3
+        @cuda.jit(device=True)
+        def sim_min3(a, b, c, scratch, w, lane):
+            return warp_min(a, scratch, w, lane), warp_min(b, scratch, w, lane), warp_min(c, scratch, w, lane)
+        return sim_min3
 
     @cuda.jit(device=True, inline=True)
     def group_min3(a, b, c, scratch, w, gl):
