@@ -128,6 +128,9 @@ def band_rows(h: int, ys: int, dy: int, R: int) -> int:
     return min(R, h - ys if dy > 0 else ys + 1)
 
 
+_band_rows = cuda.jit(device=True, inline=True)(band_rows)  # the kernel's twin
+
+
 def walks(h: int, w: int, ys: int, dy: int, R: int) -> int:
     """Walk groups of the band whose first row is ys: a column each, and one per later
     row for the diagonals entering from the sides."""
@@ -204,7 +207,7 @@ def _make(K4, LW, vec, cc, capped):
         grp = lane // LW  # this lane's walk group in the warp, and its place there
         gl = lane % LW
         t = (cuda.blockIdx.x * SGM_WARPS + wi) * GW + grp
-        rows = int32(min(R, (h - ys) if dy > 0 else ys + 1))
+        rows = int32(_band_rows(h, ys, dy, R))
         w32 = int32(w)
         ks = cuda.local.array(3, int32)  # the walks: path (dx = 0, 1, -1), column, first step, alive
         xs = cuda.local.array(3, int32)
