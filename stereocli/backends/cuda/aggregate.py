@@ -5,7 +5,7 @@ import os
 from numba import cuda, int32, uint16, uint32, uint64
 
 from ...stages import aggregate as _agg
-from .common import _REGS, BIG, CACHE, SGM_K, SGM_LANES, SGM_WARPS, SIM, _volume_index, atomic_add_at, pack4, from_lane_above, from_lane_below, group_min_for, warp_min, device_twins
+from .common import _REGS, BIG, CACHE, SGM_K, SGM_LANES, SGM_WARPS, SIM, _volume_index, atomic_add_at, from_lane_above, from_lane_below, group_min_for, warp_min, device_twins
 
 agg = device_twins(_agg)  # the stage's shared arithmetic, as device functions
 
@@ -122,8 +122,11 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False):
 
     @cuda.jit(device=True, inline=True)
     def pack(v, i):
-        """Values 4i..4i+3 of v as one uint64 word of four 16-bit fields."""
-        return pack4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3])
+        """Values 4i..4i+3 of v (each under 65536) as one uint64 word of four 16-bit
+        fields, 4i lowest: the word added into the packed uint16 sum volume (no carry
+        crosses a field, as a sum never exceeds 65535)."""
+        return (uint64(v[4 * i] & 0xFFFF) | (uint64(v[4 * i + 1] & 0xFFFF) << uint64(16))
+                | (uint64(v[4 * i + 2] & 0xFFFF) << uint64(32)) | (uint64(v[4 * i + 3] & 0xFFFF) << uint64(48)))
 
     @cuda.jit(device=True, inline=True)
     def store(S1, off, nk, v, active, put, tw, w, gl, grp, per):

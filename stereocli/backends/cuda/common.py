@@ -12,7 +12,7 @@ import types
 
 import numpy as np
 
-from numba import config, cuda, int32, uint32, uint64
+from numba import config, cuda, int32, uint32
 
 from ...stages import cost as _cost
 from ...stages import CACHE, SHARED  # noqa: F401  (CACHE: for the kernel modules)
@@ -236,15 +236,6 @@ def group_min_for(G):
             off //= 2
         return v
     return group_min
-
-
-@cuda.jit(device=True, inline=True)
-def pack4(a, b, c, d):
-    """Four path costs (each under 65536) as one uint64 word of four 16-bit fields, a
-    lowest: the word the SGM kernels add into the packed uint16 sum volume (no carry
-    crosses a field, as a sum never exceeds 65535)."""
-    return (uint64(a & 0xFFFF) | (uint64(b & 0xFFFF) << uint64(16))
-            | (uint64(c & 0xFFFF) << uint64(32)) | (uint64(d & 0xFFFF) << uint64(48)))
 
 
 @cuda.jit(device=True, inline=True)
