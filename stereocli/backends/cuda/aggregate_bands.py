@@ -6,10 +6,10 @@ The line kernel runs every path line at once, so the walks that add into a row o
 sum volume reach it at very different times and each addition reads and writes the
 row in DRAM: 29-38 bytes of traffic a cell at 1920x1080 (README, GPU speed). Here the
 paths from above (dx = 0, +1, -1) are walked one band of R rows at a time, top band
-first, and at the same time the paths from below, bottom band first. A band's walks step row by row
-together (a launch per band keeps them so), so the three paths add into a row of the
-sum at about the same time and the row is read from DRAM and written back about once
-for the three (at 1920x1080/256 a row's sums and costs are 1.5 MB). A band's walks start
+first, and at the same time the paths from below, bottom band first. A band's walks
+step row by row together (a launch per band keeps them so), so the three paths add
+into a row of the sum at about the same time and the row is read from DRAM and written
+back about once for the three (at 1920x1080/256 a row's sums and costs are 1.5 MB). A band's walks start
 from the path costs at the previous band's last row, kept in a small carry buffer (3 x
 W x D uint16 and the minima; two of them, read and written by turns), so the sums are
 those of whole lines, bit for bit. The horizontal pair is aggregate.py's kernel for
@@ -22,18 +22,19 @@ first row and steps its three walks together, row by row (the pixels (x, y), (x 
 (x - s, y) at step s); the diagonal walks that enter the band from its sides later are
 extra groups, two walks each. Lane l of a group holds disparities 4 (l + LW i) + b (i <
 D / (4 LW), b < 4): word i of a pixel's costs (uint32, four bytes) is lane l's, so a
-group's loads and atomic adds are each one run of consecutive words. The costs are loaded a row ahead. The path costs are
-kept as uint16 pairs and updated two at a time (_make), and a step goes phase by phase
-over the three walks so that their shuffle chains interleave.
+group's loads and atomic adds are each one run of consecutive words. The costs are
+loaded a row ahead. The path costs are kept as uint16 pairs and updated two at a time
+(_make), and a step goes phase by phase over the three walks so that their shuffle
+chains interleave.
 
 H100, `benchmarks/gpu.py`, the kernels (census, SGM, selection, LR check) with the line
 kernel for every path / with bands (twentieth session): 1920x1080/256/8 11.40 / 9.22 ms,
 3840x2160/256/8 46.3 / 35.7; with the pairs, the phases, the horizontal pair first and
 the register cap (twenty-first): 8.07 and 29.83 ms; with both sweeps at once and the
 horizontal pair at 8 disparities a lane (twenty-second): 7.25 and 28.26 ms, and
-1920x1080/128/8 4.91 -> 3.93 ms with bands of half-warp walks. Rows per band: 64 (1920x1080/256
-with 16 / 32 / 64 rows, bands alone: 5.9 / 5.7 / 5.4-5.8 ms); loading two or three rows
-ahead instead of one was slower.
+1920x1080/128/8 4.91 -> 3.93 ms with bands of half-warp walks. Rows per band: 64
+(1920x1080/256 with 16 / 32 / 64 rows, bands alone: 5.9 / 5.7 / 5.4-5.8 ms); loading two
+or three rows ahead instead of one was slower.
 """
 import os
 
@@ -64,8 +65,9 @@ UNCAPPED_BLOCKS_PER_SM = 7  # the kernel's blocks an SM uncapped (72 registers, 
 # picks), two rounds in separate processes (twenty-second session): 741x500/128/8
 # 0.625-0.626 / 0.831-0.835, 1242x375/128/8 1.06 / 0.907-0.913, 1920x1080/128/8
 # 4.01-4.02 / 3.18-3.20, 3840x2160/128/8 14.0 (bands, sweeps one after the other) /
-# 12.27-12.33. (With the sweeps one after the other, bands lost below 3840x2160: 1920x1080/128/8
-# 4.04-4.13 / 6.9-7.4, the horizontal pair first.)
+# 12.27-12.33. (With the sweeps one after the other, bands lost below 3840x2160:
+# 1920x1080/128/8 4.04-4.13 / 6.9-7.4, the horizontal pair first.) Half-warp walks at
+# 128 (LANES_128) came after these figures.
 BAND_MIN_CELLS = {128: 3 << 24, 256: 1 << 28}
 HFIRST_MIN_CELLS = 3 << 27  # horizontal_first "auto"
 _KERNELS = {}
@@ -139,8 +141,8 @@ def walks(h: int, w: int, ys: int, dy: int, R: int) -> int:
 
 def _make(K4, LW, vec, cc, capped):
     """The band kernel for K4 cost words (4 K4 disparities) a lane. A lane keeps its path
-    costs as uint16 pairs in uint32 words (P[walk, 2 i + h]: disparities 4 (lane + L i)
-    + 2 h and + 1) and updates both halves at once: the costs stay below 2^15 (aggregate.
+    costs as uint16 pairs in uint32 words (P[walk, 2 i + h]: disparities 4 (gl + LW i)
+    + 2 h and + 1, gl its place in its group) and updates both halves at once: the costs stay below 2^15 (aggregate.
     EDGE), so a 32-bit add or subtract of two pairs carries nothing from one half into the
     other, and the minima are min_u16x2 (one instruction on Hopper). Offsets into the
     volumes are unsigned and stepped a row at a time (no per-access multiply by a
