@@ -666,12 +666,12 @@ class CudaBackend:
         pairs = aggregate.direction_pairs(paths)
         vec = kagg.sgm_shape(n)[2]
         bands = kagg.SGM_ATOMIC and kband.use_bands(n, paths, h * w * n, vec)
-        G = kagg.sgm_shape(n, horizontal=bands)[0]  # (bands: the horizontal pair's own shape)
         dirs, starts = self._lines(h, w, paths, horizontal=bands)
+        first = bands and kband.horizontal_first(h * w * n)
+        # (bands: the horizontal pair alone, in its own shape; its vec is the one above)
+        kernel, G, _ = kagg.sgm_kernel_for(n, starts.shape[0], first_store=first, horizontal=bands)
         per_block = kagg.sgm_lines_per_block(G)
         blocks = (starts.shape[0] + per_block - 1) // per_block
-        first = bands and kband.horizontal_first(h * w * n)
-        kernel = kagg.sgm_kernel_for(n, starts.shape[0], first_store=first, horizontal=bands)[0]  # (G, vec: sgm_shape's)
         if kagg.SGM_ATOMIC:  # (first: the horizontal pair stores where it comes first, so no zeros)
             sp = (self._empty if first else self._zeros)((1, h, w, n), np.uint16 if vec else np.uint32)
         else:
