@@ -181,7 +181,9 @@ def _make_select_kernel(vec, HOLD, P, WARPS, ONE):
             # H100, kernel_times selection ms, two rounds alternated (twenty-third
             # session): 741x500/64 0.052 -> 0.048, 1242x375/128 0.142 -> 0.106,
             # 1920x1080/128 0.520 -> 0.423, 1920x1080/256 0.989 -> 0.847, 3840x2160/256
-            # 3.55 -> 3.05.
+            # 3.55 -> 3.05. Loading the next pixel's words an iteration ahead as well (8 more
+            # registers, a few spilled) gave nothing more: 1920x1080/128 0.422 -> 0.432,
+            # 3840x2160/256 3.05 -> 3.13.
             if vec:
                 for k in range(HOLD):
                     i = int32(gl + P * k)
