@@ -123,6 +123,28 @@ def test_sgm_in_bands_bit_exact(rng, monkeypatch, lanes, together, rows, first, 
     np.testing.assert_array_equal(on_gpu("sgm", C, G, 20, 200, True, 8), on_cpu("sgm", C, G, 20, 200, True, 8))
 
 
+@pytest.mark.parametrize("ndisp", [8, 13, 256])
+def test_sgm_pairs_apart_bit_exact(rng, monkeypatch, ndisp):
+    """4 paths as the GPU runs them at large sizes: the vertical pair first, storing where
+    it comes first into a sum nobody zeroed, then the horizontal pair adding: the CPU's
+    sums (packed words and single values, D % 4)."""
+    if not REAL_GPU and ndisp == 256:
+        pytest.skip("the simulator runs one small count")
+    from stereocli.backends.cuda import aggregate as kagg
+    monkeypatch.setattr(kagg, "SGM_PAIRS_APART", "on")
+    empty = GPU._empty
+
+    def poisoned(shape, dtype):  # uninitialised memory that is not zeros by chance
+        a = empty(shape, dtype)
+        a.copy_to_device(np.full(a.shape, 0x5A5A5A5A, np.uint64).astype(a.dtype))
+        return a
+    monkeypatch.setattr(GPU, "_empty", poisoned)
+    h, w = (40, 71) if REAL_GPU else (7, 9)
+    C = rng.integers(0, 256, (h, w, ndisp)).astype(np.uint8)
+    G = rng.integers(0, 256, (h, w)).astype(np.uint8)
+    np.testing.assert_array_equal(on_gpu("sgm", C, G, 20, 200, True, 4), on_cpu("sgm", C, G, 20, 200, True, 4))
+
+
 @pytest.mark.parametrize("paths", [4, 8])
 def test_mgm_bit_exact(rng, paths):
     """MGM's wavefront of lines (each waits for the one before) gives the CPU's sums."""

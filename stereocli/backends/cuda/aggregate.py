@@ -375,6 +375,23 @@ SGM_PREFETCH_LINES_PER_SM = 40
 # 1920x1080/128/8 3.02 -> 2.98, but 1242x375/128/8 0.91 -> 1.01).
 SGM_HORIZONTAL_K = 8
 
+# 4 paths from 2^28 cells: the vertical pair first, alone, storing its costs where it
+# comes first (no zeroed sum), then the horizontal pair adding, instead of one launch of
+# both pairs into a zeroed sum. H100, SGM ms, one launch / the vertical pair first / the
+# horizontal pair first (twenty-third session, the sums identical): 1242x375/128/4 0.89 /
+# 1.08 / 1.10, 1920x1080/128/4 2.60 / 2.58 / 2.65, 1920x1080/256/4 5.42 / 4.72 / 5.02,
+# 3840x2160/256/4 21.4 / 18.5 / 18.5. STEREOCLI_SGM_PAIRS_APART=auto|on|off.
+SGM_PAIRS_APART = os.environ.get("STEREOCLI_SGM_PAIRS_APART", "auto")
+SGM_PAIRS_APART_MIN_CELLS = 1 << 28
+
+
+def pairs_apart(paths, cells):
+    """Whether SGM over 4 paths and `cells` cells (W x H x D) runs the vertical pair
+    first, then the horizontal pair (SGM_PAIRS_APART)."""
+    if paths != 4 or SGM_PAIRS_APART == "off":
+        return False
+    return SGM_PAIRS_APART == "on" or cells >= SGM_PAIRS_APART_MIN_CELLS
+
 
 def sgm_shape(ndisp, horizontal=False):
     """(G, K, vec) of the SGM line kernel for D disparities: G lanes per path line, K

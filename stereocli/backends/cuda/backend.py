@@ -658,42 +658,67 @@ class CudaBackend:
         """-> PathVolumes: every path line adds its costs to one sum volume with atomic
         adds of packed words (3 bytes per cell with the cost volume, against 17 for a volume
         per direction; 2-10 % more kernel time at 1920x1080, less at the KITTI size: see
-        aggregate.SGM_ATOMIC)."""
+        aggregate.SGM_ATOMIC). 8 paths at large sizes: the six vertical and diagonal paths
+        in bands (aggregate_bands) and the horizontal pair beside or before them; 4 paths
+        at large sizes: the vertical pair, then the horizontal pair (aggregate.pairs_apart)."""
         h, w, n = vol.shape
         if n > kc.MAX_SGM_DISPARITIES:
             raise StereoError(f"the CUDA SGM handles at most {kc.MAX_SGM_DISPARITIES} disparities, not {n}; "
                               f"use --device cpu")
         pairs = aggregate.direction_pairs(paths)
         vec = kagg.sgm_shape(n)[2]
-        bands = kagg.SGM_ATOMIC and kband.use_bands(n, paths, h * w * n, vec)
-        dirs, starts = self._lines(h, w, paths, horizontal=bands)
-        first = bands and kband.horizontal_first(h * w * n)
-        # (bands: the horizontal pair alone, in its own shape; its vec is the one above)
-        kernel, G, _ = kagg.sgm_kernel_for(n, starts.shape[0], first_store=first, horizontal=bands)
-        per_block = kagg.sgm_lines_per_block(G)
-        blocks = (starts.shape[0] + per_block - 1) // per_block
-        if kagg.SGM_ATOMIC:  # (first: the horizontal pair stores where it comes first, so no zeros)
+        cells = h * w * n
+        bands = kagg.SGM_ATOMIC and kband.use_bands(n, paths, cells, vec)
+        apart = kagg.SGM_ATOMIC and not bands and kagg.pairs_apart(paths, cells)
+        first = (bands and kband.horizontal_first(cells)) or apart
+        if kagg.SGM_ATOMIC:  # (first: the pair launched first stores where it comes first, so no zeros)
             sp = (self._empty if first else self._zeros)((1, h, w, n), np.uint16 if vec else np.uint32)
         else:
             sp = self._empty((2 * len(pairs), h, w, n), np.uint16)
-        threads = G if kc.SIM else 32 * kc.SGM_WARPS
         c1 = vol.view(np.uint32).reshape(vol.size // 4) if vec else vol.reshape(vol.size)  # flat
         p2t = self._p2_table(p1, p2, adaptive)
         g1, s1 = guide.reshape(h * w), self._rows(sp, vec)
-        stream = self.stream
-        if bands and not first:  # the horizontal pair on a side stream, beside the bands (aggregate_bands)
-            stream = self._side_streams(1)[0]
-            ready = self._event()
-            ready.record(self.stream)  # the volume and the sum's zeros
-            ready.wait(stream)
-        self._launcher.launch(kernel, blocks, threads, stream, c1, g1, h, w, n, p1, p2t, s1, dirs, starts)
-        if bands:
+        args = (c1, g1, h, w, n, p1, p2t, s1)
+        if apart:
+            self._sgm_lines(args, paths, "rest", self.stream, first_store=True)
+            self._sgm_lines(args, paths, "horizontal", self.stream)
+        elif not bands:
+            self._sgm_lines(args, paths, "all", self.stream)
+        elif first:
+            self._sgm_lines(args, paths, "horizontal", self.stream, first_store=True, horizontal=True)
             self._sgm_bands(c1, g1, h, w, n, p1, p2t, s1[0], vec)
-        if bands and not first:
-            done = self._event()
-            done.record(stream)
-            done.wait(self.stream)
+        else:  # the horizontal pair on a side stream, beside the bands
+            side = self._side_streams(1)[0]
+            self._fork([side])
+            self._sgm_lines(args, paths, "horizontal", side, horizontal=True)
+            self._sgm_bands(c1, g1, h, w, n, p1, p2t, s1[0], vec)
+            self._join([side])
         return PathVolumes(sp, vec)
+
+    def _sgm_lines(self, args, paths, part, stream, first_store=False, horizontal=False):
+        """One launch of the SGM line kernel over the path lines of `part` (_lines) on
+        `stream`; args: (flat costs, flat guide, h, w, n, p1, P2 table, sum rows)."""
+        h, w, n = args[2:5]
+        dirs, starts = self._lines(h, w, paths, part)
+        kernel, G, _ = kagg.sgm_kernel_for(n, starts.shape[0], first_store=first_store, horizontal=horizontal)
+        per_block = kagg.sgm_lines_per_block(G)
+        threads = G if kc.SIM else 32 * kc.SGM_WARPS
+        self._launcher.launch(kernel, (starts.shape[0] + per_block - 1) // per_block, threads, stream,
+                              *args, dirs, starts)
+
+    def _fork(self, streams):
+        """The side streams wait for what the main stream has queued so far."""
+        ready = self._event()
+        ready.record(self.stream)
+        for st in streams:
+            ready.wait(st)
+
+    def _join(self, streams):
+        """The main stream waits for what the side streams have queued so far."""
+        for st in streams:
+            done = self._event()
+            done.record(st)
+            done.wait(self.stream)
 
     def _sgm_bands(self, c1, g1, h, w, n, p1, p2t, s1, vec):
         """The six vertical and diagonal paths in bands of rows (aggregate_bands), adding
@@ -713,9 +738,7 @@ class CudaBackend:
         streams = [self.stream, self.stream]
         if at_once:
             streams[1] = self._side_streams(2)[1]
-            ready = self._event()
-            ready.record(self.stream)  # the volume, the sum and what came before on the main stream
-            ready.wait(streams[1])
+            self._fork(streams[1:])  # the volume, the sum and what came before on the main stream
         nb = (h + R - 1) // R
         order = [(b, k) for b in range(nb) for k in (0, 1)] if at_once else [(b, k) for k in (0, 1) for b in range(nb)]
         for b, k in order:
@@ -726,9 +749,7 @@ class CudaBackend:
             self._launcher.launch(kernel, blocks, threads, streams[k], c1, g1, h, w, n, p1, p2t, s1, ys, R, dy,
                                   c_in, m_in, c_out, m_out, b == 0)
         if at_once:
-            done = self._event()
-            done.record(streams[1])
-            done.wait(self.stream)
+            self._join(streams[1:])
 
     def mgm(self, vol, guide, p1, p2, adaptive, paths):
         """More Global Matching: a launch per pass (kagg._make_mgm_kernel: tiles of lines
@@ -751,22 +772,15 @@ class CudaBackend:
         tickets = self._zeros((len(passes), 1), np.int32)
         p2tab = self._p2_table(p1, p2, adaptive)
         streams = self._side_streams(len(passes))
-        ready = self._event()
-        ready.record(self.stream)  # the volume, S's zeros and the tables before any pass
-        done = []
+        self._fork(streams)  # the volume, S's zeros and the tables before any pass
         for k, (a, b) in enumerate(passes):
             row_major, su, sv, (adu, adv), (bdu, bdv) = aggregate.mgm_plan(a, b)
             lines = h if row_major else w
-            ready.wait(streams[k])
             self._launcher.launch(
                 kernel, (lines + T - 1) // T, T * kagg.MGM_LANES, streams[k],
                 vol.reshape(cells), guide.reshape(h * w), h, w, n, p1, p2tab, S2.view(np.uint32), Lg[k], Mg[k],
                 progress[k], tickets[k], row_major, su, sv, adu, adv, bdu, bdv)
-            e = self._event()
-            e.record(streams[k])
-            done.append(e)
-        for e in done:
-            e.wait(self.stream)  # what follows on the main stream waits for every pass
+        self._join(streams)  # what follows on the main stream waits for every pass
         return S2[:cells].reshape(h, w, n)
 
     def _side_streams(self, k):
@@ -803,12 +817,14 @@ class CudaBackend:
             self._tables[key] = self.upload(aggregate.p2_table(p1, p2, adaptive))
         return self._tables[key]
 
-    def _lines(self, h, w, paths, horizontal=False):
+    def _lines(self, h, w, paths, part="all"):
         """Device tables of the path lines for an image size, built once: (dirs, starts);
-        `horizontal`: the horizontal pair's only."""
-        key = (h, w, paths, horizontal)
+        `part`: every direction pair's lines ("all"), the horizontal pair's ("horizontal")
+        or the other pairs' ("rest")."""
+        key = (h, w, paths, part)
         if key not in self._tables:
-            pairs = aggregate.direction_pairs(paths)[:1] if horizontal else aggregate.direction_pairs(paths)
+            pairs = aggregate.direction_pairs(paths)
+            pairs = {"all": pairs, "horizontal": pairs[:1], "rest": pairs[1:]}[part]
             starts = np.concatenate([np.column_stack([st, np.full(len(st), q)])
                                      for q, (dx, dy) in enumerate(pairs)
                                      for st in [aggregate.line_starts(h, w, dx, dy)]]).astype(np.int32)
