@@ -13,6 +13,7 @@ from conftest import SAMPLE, SHARED_DATA, textured_pair
 
 cuda = pytest.importorskip("numba.cuda")
 from stereocli import config, io, pipeline  # noqa: E402
+from stereocli.stages import cost  # noqa: E402
 from stereocli.backends import cuda_status  # noqa: E402
 
 if not cuda_status()[0]:
@@ -58,6 +59,21 @@ def test_census_volume_tiles_bit_exact(rng, min_d, ndisp):
     L, R = (rng.integers(0, 256, (5, 70)).astype(np.float32) for _ in range(2))
     np.testing.assert_array_equal(on_gpu("census_volume", L, R, min_d, ndisp, 9, 7),
                                   on_cpu("census_volume", L, R, min_d, ndisp, 9, 7))
+
+
+def test_census_volume_at_the_largest_hamming_distance():
+    """A bright dot on black against a flat right image: every bit differs, the cost
+    scale's top (255), the same on both devices; and for every census size the scale's
+    arithmetic (census_scale_magic) stays within a byte up to the largest distance."""
+    L = np.zeros((9, 40), np.float32)
+    L[4, 5::6] = 255.0  # dots: all of their neighbours darker, so all ones
+    R = np.full((9, 40), 128.0, np.float32)  # flat: all zeros
+    gpu = on_gpu("census_volume", L, R, 0, 16, 9, 7)
+    np.testing.assert_array_equal(gpu, on_cpu("census_volume", L, R, 0, 16, 9, 7))
+    assert gpu[4, 17, 3] == 255
+    for nbits in range(8, 64):
+        mul, add, shift = (int(v) for v in cost.census_scale_magic(nbits))
+        assert (nbits * mul + add) >> shift <= 255
 
 
 @pytest.fixture(params=[1, 2, 3], ids=lambda pf: f"prefetch{pf}")
