@@ -101,6 +101,18 @@ def test_sgm_bit_exact_for_every_lane_grouping(rng, ndisp, paths, prefetch):
     np.testing.assert_array_equal(on_gpu("sgm", C, G, 20, 200, True, paths), on_cpu("sgm", C, G, 20, 200, True, paths))
 
 
+def _poison_empty(monkeypatch):
+    """The GPU backend's uninitialised arrays filled with a pattern that is not zeros by
+    chance (a sum that nobody zeroed must be stored into, not added to)."""
+    empty = GPU._empty
+
+    def poisoned(shape, dtype):
+        a = empty(shape, dtype)
+        a.copy_to_device(np.full(a.shape, 0x5A5A5A5A, np.uint64).astype(a.dtype))
+        return a
+    monkeypatch.setattr(GPU, "_empty", poisoned)
+
+
 @pytest.mark.parametrize("ndisp", [128, 256])
 @pytest.mark.parametrize("first", ["on", "off"])
 @pytest.mark.parametrize("rows", [3, 64])
@@ -126,13 +138,7 @@ def test_sgm_in_bands_bit_exact(rng, monkeypatch, lanes, together, rows, first, 
     monkeypatch.setattr(kband, "LANES_128", lanes)
     if first == "on":  # and the kernel capped at 64 registers (a second wave otherwise: 3840x2160)
         monkeypatch.setattr(kband, "UNCAPPED_BLOCKS_PER_SM", 0)
-    empty = GPU._empty
-
-    def poisoned(shape, dtype):  # uninitialised memory that is not zeros by chance
-        a = empty(shape, dtype)
-        a.copy_to_device(np.full(a.shape, 0x5A5A5A5A, np.uint64).astype(a.dtype))
-        return a
-    monkeypatch.setattr(GPU, "_empty", poisoned)
+    _poison_empty(monkeypatch)
     h, w, n = (40, 71, ndisp) if REAL_GPU else (7, 9, 8)  # (an odd width: a warp with a column and a side walk)
     C = rng.integers(0, 256, (h, w, n)).astype(np.uint8)
     G = rng.integers(0, 256, (h, w)).astype(np.uint8)
@@ -148,13 +154,7 @@ def test_sgm_pairs_apart_bit_exact(rng, monkeypatch, ndisp):
         pytest.skip("the simulator runs one small count")
     from stereocli.backends.cuda import aggregate as kagg
     monkeypatch.setattr(kagg, "SGM_PAIRS_APART", "on")
-    empty = GPU._empty
-
-    def poisoned(shape, dtype):  # uninitialised memory that is not zeros by chance
-        a = empty(shape, dtype)
-        a.copy_to_device(np.full(a.shape, 0x5A5A5A5A, np.uint64).astype(a.dtype))
-        return a
-    monkeypatch.setattr(GPU, "_empty", poisoned)
+    _poison_empty(monkeypatch)
     h, w = (40, 71) if REAL_GPU else (7, 9)
     C = rng.integers(0, 256, (h, w, ndisp)).astype(np.uint8)
     G = rng.integers(0, 256, (h, w)).astype(np.uint8)
