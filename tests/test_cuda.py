@@ -145,6 +145,24 @@ def test_sgm_in_bands_bit_exact(rng, monkeypatch, lanes, together, rows, first, 
     np.testing.assert_array_equal(on_gpu("sgm", C, G, 20, 200, True, 8), on_cpu("sgm", C, G, 20, 200, True, 8))
 
 
+@pytest.mark.skipif(not REAL_GPU, reason="the simulator runs one lane a line")
+@pytest.mark.parametrize("first", ["on", "off"])
+def test_sgm_horizontal_pair_eight_a_lane_at_128(rng, monkeypatch, first):
+    """8 paths at 128 disparities as the GPU runs them at 1920x1080 and up: the
+    horizontal pair with 8 disparities a lane (16 lanes a line), before or beside the
+    bands: the CPU's sums."""
+    from stereocli.backends.cuda import aggregate as kagg
+    from stereocli.backends.cuda import aggregate_bands as kband
+    monkeypatch.setattr(kband, "BANDS", "on")
+    monkeypatch.setattr(kband, "HFIRST", first)
+    monkeypatch.setattr(kagg, "SGM_HORIZONTAL_K8_MIN_CELLS", 0)
+    assert kagg.sgm_shape(128, True)[:2] == (16, 8)
+    _poison_empty(monkeypatch)
+    C = rng.integers(0, 256, (40, 71, 128)).astype(np.uint8)
+    G = rng.integers(0, 256, (40, 71)).astype(np.uint8)
+    np.testing.assert_array_equal(on_gpu("sgm", C, G, 20, 200, True, 8), on_cpu("sgm", C, G, 20, 200, True, 8))
+
+
 @pytest.mark.parametrize("ndisp", [8, 13, 256])
 def test_sgm_pairs_apart_bit_exact(rng, monkeypatch, ndisp):
     """4 paths as the GPU runs them at large sizes: the vertical pair first, storing where
@@ -249,9 +267,11 @@ def test_select_adds_the_sgm_directions(rng, ndisp):
 
 
 @pytest.mark.skipif(not REAL_GPU, reason="needs a real GPU: wide rows, many disparities")
-@pytest.mark.parametrize("w,ndisp,min_d", [(4500, 64, -20), (300, 256, 0), (200, 130, 5), (5000, 40, 30)])
+@pytest.mark.parametrize("w,ndisp,min_d", [(4500, 64, -20), (300, 256, 0), (2100, 128, -3), (200, 136, 5),
+                                           (200, 130, 5), (5000, 40, 30)])
 def test_select_bit_exact_on_wide_rows(rng, w, ndisp, min_d):
-    """Rows wider than one block's segment of right pixels, and up to 256 disparities."""
+    """Rows wider than one block's segment of right pixels, and up to 256 disparities
+    (packed words 4 or 8 a lane: select_words; 136: a lane's last words past the end)."""
     C = rng.integers(0, 256, (3, w, ndisp)).astype(np.uint8)
     G = rng.integers(0, 256, (3, w)).astype(np.uint8)
     got = select_on_gpu(GPU.sgm(GPU.upload(C), GPU.upload(G), 20, 200, True, 4), min_d, 5.0, True, True, True)

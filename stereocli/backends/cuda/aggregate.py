@@ -371,9 +371,11 @@ SGM_PREFETCH_LINES_PER_SM = 40
 # K of the horizontal pair alone (beside or before the bands: aggregate_bands) above 128
 # disparities: 8, a line a warp, twice the warps of K = 16. H100, SGM ms K = 16 / 8, two
 # rounds (twenty-second session): 1920x1080/256/8 (the pair first) 6.19-6.20 / 5.67-5.68,
-# 3840x2160/256/8 23.44-23.50 / 22.57-22.64. At 128 disparities K = 4 stays (K = 8:
-# 1920x1080/128/8 3.02 -> 2.98, but 1242x375/128/8 0.91 -> 1.01).
+# 3840x2160/256/8 23.44-23.50 / 22.57-22.64. At 128 disparities K = 8 only from
+# SGM_HORIZONTAL_K8_MIN_CELLS (K = 4 / 8: 1920x1080/128/8 3.02 / 2.98, but
+# 1242x375/128/8 0.91 / 1.01).
 SGM_HORIZONTAL_K = 8
+SGM_HORIZONTAL_K8_MIN_CELLS = 1 << 27
 
 # 4 paths from 2^28 cells: the vertical pair first, alone, storing its costs where it
 # comes first (no zeroed sum), then the horizontal pair adding, instead of one launch of
@@ -393,16 +395,23 @@ def pairs_apart(paths, cells):
     return SGM_PAIRS_APART == "on" or cells >= SGM_PAIRS_APART_MIN_CELLS
 
 
-def sgm_shape(ndisp, horizontal=False):
+def _line_k(ndisp, horizontal, cells):
+    """Disparities per lane of the SGM line kernel (see _SGM_KERNELS, SGM_HORIZONTAL_K)."""
+    if horizontal and (ndisp > 128 or (ndisp == 128 and cells >= SGM_HORIZONTAL_K8_MIN_CELLS)):
+        return SGM_HORIZONTAL_K
+    return 4 if ndisp <= 128 else 16
+
+
+def sgm_shape(ndisp, horizontal=False, cells=0):
     """(G, K, vec) of the SGM line kernel for D disparities: G lanes per path line, K
     disparities per lane, and whether the volumes are read and added to in words (the
     cost volume as uint32 words, the sum as uint64 words of four uint16 sums).
-    `horizontal`: the kernel runs the horizontal pair alone (SGM_HORIZONTAL_K)."""
+    `horizontal`: the kernel runs the horizontal pair alone, over `cells` cells
+    (SGM_HORIZONTAL_K)."""
     if SIM:
         G, K = SGM_LANES, SGM_K
     else:
-        K = int(os.environ.get("STEREOCLI_SGM_K", "0")) or (
-            4 if ndisp <= 128 else (SGM_HORIZONTAL_K if horizontal else 16))
+        K = int(os.environ.get("STEREOCLI_SGM_K", "0")) or _line_k(ndisp, horizontal, cells)
         G = 1
         while G * K < ndisp:
             G *= 2
@@ -411,11 +420,11 @@ def sgm_shape(ndisp, horizontal=False):
     return G, K, (not SIM) and ndisp % 4 == 0 and K % 4 == 0
 
 
-def sgm_kernel_for(ndisp, lines=0, first_store=False, horizontal=False):
+def sgm_kernel_for(ndisp, lines=0, first_store=False, horizontal=False, cells=0):
     """(kernel, G, vec) for D disparities and `lines` path lines (sgm_shape), with the
     prefetch depth (SGM_PREFETCH) for that many lines; first_store: see _make_sgm_kernel;
-    horizontal: see sgm_shape."""
-    G, K, vec = sgm_shape(ndisp, horizontal)
+    horizontal, cells: see sgm_shape."""
+    G, K, vec = sgm_shape(ndisp, horizontal, cells)
     pf = SGM_PREFETCH or (2 if lines <= SGM_PREFETCH_LINES_PER_SM * _sm_count() else 1)
     key = (G, K, vec, SGM_ATOMIC, pf, first_store and SGM_ATOMIC)
     if key not in _SGM_KERNELS:

@@ -700,7 +700,8 @@ class CudaBackend:
         `stream`; args: (flat costs, flat guide, h, w, n, p1, P2 table, sum rows)."""
         h, w, n = args[2:5]
         dirs, starts = self._lines(h, w, paths, part)
-        kernel, G, _ = kagg.sgm_kernel_for(n, starts.shape[0], first_store=first_store, horizontal=horizontal)
+        kernel, G, _ = kagg.sgm_kernel_for(n, starts.shape[0], first_store=first_store, horizontal=horizontal,
+                                           cells=h * w * n)
         per_block = kagg.sgm_lines_per_block(G)
         threads = G if kc.SIM else 32 * kc.SGM_WARPS
         self._launcher.launch(kernel, (starts.shape[0] + per_block - 1) // per_block, threads, stream,

@@ -120,6 +120,15 @@ def _popc2(a, b):
     return uint32(cuda.popc(uint32(v & uint64(0xFFFFFFFF)))) + uint32(cuda.popc(uint32(v >> uint64(32))))
 
 
+@cuda.jit(device=True, inline=True)
+def _census_byte(ham, mul, add, shift):
+    """census_scaled without its clamp at 255, exact for Hamming distances up to the
+    string's bits: census_scale_magic keeps (nbits * mul + add) >> shift within a byte
+    (test_census_volume_at_the_largest_hamming_distance), so the clamp never bites. An
+    instruction a cost fewer in a kernel bound by its instructions."""
+    return uint32(uint32(ham * mul + add) >> shift)
+
+
 _PX_KERNELS = {}
 
 
@@ -184,10 +193,10 @@ def census_volume_px_kernel_for(nbits):
                             lo = uint32(0)
                             hi = uint32(0)
                             for b in range(4):
-                                v = cst.census_scaled(_popc2(a, crs[jb - uint32(b)]), mul, add, shift)
+                                v = _census_byte(_popc2(a, crs[jb - uint32(b)]), mul, add, shift)
                                 lo |= v << uint32(8 * b)
                             for b in range(4):
-                                v = cst.census_scaled(_popc2(a, crs[jb - uint32(4 + b)]), mul, add, shift)
+                                v = _census_byte(_popc2(a, crs[jb - uint32(4 + b)]), mul, add, shift)
                                 hi |= v << uint32(8 * b)
                             word = uint64(lo) | (uint64(hi) << uint64(32))
                         else:
@@ -195,7 +204,7 @@ def census_volume_px_kernel_for(nbits):
                                 d = d0 + b
                                 v = uint64(OUTSIDE)
                                 if d >= dlo and d <= dhi:
-                                    v = uint64(cst.census_scaled(_popc2(a, crs[top - uint32(d)]), mul, add, shift))
+                                    v = uint64(_census_byte(_popc2(a, crs[top - uint32(d)]), mul, add, shift))
                                 word |= v << uint64(8 * b)
                         stage[px * (PX_CHUNK + 1) + k] = word
             cuda.syncthreads()

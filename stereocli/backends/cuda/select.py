@@ -285,8 +285,17 @@ _SELECT_KERNELS = {}
 # H100, benchmarks/gpu.py selection ms, a warp a pixel (SELECT_WORDS=1) / 4 words a lane,
 # two runs each alternated, the same both times: 741x500/64 0.124 / 0.085, 741x500/128
 # 0.24 / 0.165, 1242x375/128 0.305 / 0.216, 1920x1080/128 1.27 / 0.877, 1920x1080/256
-# 2.11 / 1.72, 3840x2160/256 7.54 / 6.15. STEREOCLI_SELECT_WORDS sets it (tuning).
-SELECT_WORDS = int(os.environ.get("STEREOCLI_SELECT_WORDS", "4"))
+# 2.11 / 1.72, 3840x2160/256 7.54 / 6.15. From 128 disparities 8 words a lane (after
+# the loads issued together, twenty-third session; 4 / 8 words, kernel_times selection
+# ms: 1920x1080/128 0.405 / 0.385, 1920x1080/256 0.806 / 0.743, 3840x2160/256 2.876 /
+# 2.639, 1242x375/128 the same). STEREOCLI_SELECT_WORDS forces a count (tuning).
+SELECT_WORDS = int(os.environ.get("STEREOCLI_SELECT_WORDS", "0"))
+SELECT_WORDS_FROM_128 = 8
+
+
+def select_words(n):
+    """Packed words a lane holds for n disparities (SELECT_WORDS)."""
+    return SELECT_WORDS or (SELECT_WORDS_FROM_128 if n >= 128 else 4)
 
 
 def select_kernel_for(vec, n, nv=0):
@@ -295,7 +304,8 @@ def select_kernel_for(vec, n, nv=0):
     P = SGM_LANES
     if vec and not SIM:
         P = 1
-        while P < SGM_LANES and P * SELECT_WORDS < n // 4:
+        words = select_words(n)
+        while P < SGM_LANES and P * words < n // 4:
             P *= 2
     hold = (n // 4 + P - 1) // P if vec else 1
     cc = (0, 0) if SIM else tuple(cuda.get_current_device().compute_capability)
