@@ -5,7 +5,8 @@ import os
 from numba import cuda, int32, uint16, uint32, uint64
 
 from ...stages import aggregate as _agg
-from .common import _REGS, BIG, CACHE, SGM_K, SGM_LANES, SGM_WARPS, SIM, _volume_index, atomic_add_at, from_lane_above, from_lane_below, group_min_for, warp_min, device_twins
+from .common import (_REGS, BIG, CACHE, SGM_K, SGM_LANES, SGM_WARPS, SIM, _volume_index, atomic_add_at, byte_perm,
+                     from_lane_above, from_lane_below, group_min_for, min_u16x2_for, warp_min, device_twins)
 
 agg = device_twins(_agg)  # the stage's shared arithmetic, as device functions
 
@@ -61,7 +62,7 @@ def _group_exchange(G):
     return group_min, below, above
 
 
-def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False):
+def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=(0, 0)):
     """The SGM line kernel for groups of G lanes, each lane holding K disparities in
     registers (a group covers G * K disparities). `vec`: the cost volume is read as
     uint32 words (4 costs) and the path volume written as uint64 words (4 values),
@@ -69,7 +70,9 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False):
     costs and guide values are loaded (SGM_PREFETCH). first_store (atomic, and only the
     horizontal pair, which covers every pixel): the first of a line's two walks to reach
     a pixel stores its costs there and the second adds, so the sum needs no zeroing and
-    is read once fewer (CUDA backend: the horizontal pair before the bands).
+    is read once fewer (CUDA backend: the horizontal pair before the bands). packed (vec):
+    a lane's path costs kept as pairs of uint16 in uint32 words, two disparities an
+    instruction (SGM_PACKED).
 
     The two walks of a line step together: the forward walk reaches position i at step
     i, the backward one at step length - 1 - i, so the forward walk is first where 2 s <=
@@ -128,6 +131,17 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False):
         return (uint64(v[4 * i] & 0xFFFF) | (uint64(v[4 * i + 1] & 0xFFFF) << uint64(16))
                 | (uint64(v[4 * i + 2] & 0xFFFF) << uint64(32)) | (uint64(v[4 * i + 3] & 0xFFFF) << uint64(48)))
 
+    KP = K // 2  # PACKED: a lane's uint32 words of two path costs
+    EDGE2 = uint32(_agg.EDGE * 0x10001)  # PACKED: both halves beyond the ends (EDGE + P1 < 65536)
+    PACKED = packed and vec and K % 4 == 0 and not SIM
+    prmt = byte_perm() if PACKED else None
+    min2 = min_u16x2_for(cc) if PACKED else None
+
+    @cuda.jit(device=True, inline=True)
+    def pack_p(v, i):
+        """pack's twin for PACKED values: words 2i and 2i + 1 (two costs each) as one uint64."""
+        return uint64(v[2 * i]) | (uint64(v[2 * i + 1]) << uint64(32))
+
     @cuda.jit(device=True, inline=True)
     def store(S1, off, nk, v, active, put, tw, w, gl, grp, per):
         """This lane's values of one pixel into S1 (off: its first element there), when
@@ -139,7 +153,7 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False):
         if TRANSPOSE:
             g0 = grp * G * K4
             for i in range(K4):
-                tw[w, g0 + gl * K4 + i] = pack(v, i)
+                tw[w, g0 + gl * K4 + i] = pack_p(v, i) if PACKED else pack(v, i)
             cuda.syncwarp(0xFFFFFFFF)
             if active:
                 base = off - gl * K4  # the pixel's first word
@@ -155,10 +169,11 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False):
             if vec:
                 for i in range(K4):
                     if 4 * i < nk:
+                        word = pack_p(v, i) if PACKED else pack(v, i)
                         if atomic and not put:
-                            atomic_add_at(S1, uint64(off + i), pack(v, i))
+                            atomic_add_at(S1, uint64(off + i), word)
                         else:
-                            S1[uint64(off + i)] = pack(v, i)
+                            S1[uint64(off + i)] = word
             else:
                 for j in range(K):
                     if j < nk:
@@ -220,6 +235,78 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False):
         return group_min(mloc, scratch, w, gl), g
 
     @cuda.jit(device=True, inline=True)
+    def take_p(q, gq, c):
+        """take's twin for PACKED: the queue's first pixel's costs as pairs of uint16."""
+        for t in range(K4):
+            word = q[0, t]
+            c[2 * t] = prmt(word, uint32(0), uint32(0x4140))  # bytes 0, 1 -> the low halves of two
+            c[2 * t + 1] = prmt(word, uint32(0), uint32(0x4342))
+        g = gq[0]
+        for i in range(PF - 1):
+            for t in range(KW):
+                q[i, t] = q[i + 1, t]
+            gq[i] = gq[i + 1]
+        return g
+
+    @cuda.jit(device=True, inline=True)
+    def pair_min(v):
+        return int32(min(v & uint32(0xFFFF), v >> uint32(16)))
+
+    @cuda.jit(device=True, inline=True)
+    def begin_p(C1, G1, S1, p, pstep, off, stride, length, nk, cur, c, q, gq, scratch, w, gl, tw, grp, per, put):
+        """begin's twin for PACKED."""
+        g = int32(0)
+        if length > 0:
+            fetch(C1, off, nk, q, 0)
+            gq[0] = int32(G1[uint64(p)])
+            g = take_p(q, gq, c)
+        for i in range(PF):
+            if i + 1 < length:
+                fetch(C1, off + (i + 1) * stride, nk, q, i)
+                gq[i] = int32(G1[uint64(p + (i + 1) * pstep)])
+        m = EDGE2
+        for j in range(KP):
+            v = c[j] if 2 * j < nk else EDGE2
+            cur[j] = v
+            m = min2(m, v)
+        store(S1, off, nk, cur, length > 0, put, tw, w, gl, grp, per)
+        return group_min(pair_min(m), scratch, w, gl), g
+
+    @cuda.jit(device=True, inline=True)
+    def advance_p(C1, G1, p1x2, p2tab, S1, p, pstep, off, stride, s, length, nk, m, gp, prev, cur,
+                  c, q, gq, scratch, w, gl, tw, grp, per, put):
+        """advance's twin for PACKED: the same update, two disparities an instruction. Exact:
+        every path cost is below EDGE (255 + P2), EDGE + P1 < 65536, and what is subtracted
+        (the previous minimum) is at most each half it is subtracted from, so no half
+        carries into or borrows from the other."""
+        for j in range(KP):
+            prev[j] = cur[j]
+        g = take_p(q, gq, c)
+        if s + PF < length:
+            fetch(C1, off + PF * stride, nk, q, PF - 1)
+            gq[PF - 1] = int32(G1[uint64(p + PF * pstep)])
+        p2e = p2tab[uint32(abs(int32(g - gp)))]
+        below = uint32(cuda.shfl_up_sync(0xFFFFFFFF, int32(prev[KP - 1]), 1))  # its high half: L(d0 - 1)
+        above = uint32(cuda.shfl_down_sync(0xFFFFFFFF, int32(prev[0]), 1))  # its low half: L(d0 + K)
+        below = below if gl > 0 else EDGE2
+        above = above if gl < G - 1 else EDGE2
+        mx2 = uint32(m) * uint32(0x10001)
+        mp2x2 = uint32(m + p2e) * uint32(0x10001)
+        mloc = EDGE2
+        for j in range(KP):
+            a = prev[j - 1] if j > 0 else below
+            b = prev[j + 1] if j + 1 < KP else above
+            lo = prmt(a, prev[j], uint32(0x5432))  # (L(d - 1), L(d)) of this word's (d, d + 1)
+            hi = prmt(prev[j], b, uint32(0x5432))  # (L(d + 1), L(d + 2))
+            t = min2(min2(uint32(min2(lo, hi) + p1x2), prev[j]), mp2x2)
+            v = uint32(uint32(c[j] + t) - mx2)
+            v = v if 2 * j < nk else EDGE2
+            cur[j] = v
+            mloc = min2(mloc, v)
+        store(S1, off, nk, cur, s < length, put, tw, w, gl, grp, per)
+        return group_min(pair_min(mloc), scratch, w, gl), g
+
+    @cuda.jit(device=True, inline=True)
     def line_length(y, x, dx, dy, h, wd):
         steps = 1 << 30
         if dx > 0:
@@ -240,6 +327,9 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False):
             v = max(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, off))
         return v
 
+    KA, LT = (KP, uint32) if PACKED else (K, int32)  # a lane's path costs: packed pairs or one each
+    begin_f, advance_f = (begin_p, advance_p) if PACKED else (begin, advance)
+
     @cuda.jit(cache=CACHE, **_REGS("STEREOCLI_SGM_REGS", SGM_REGISTER_CAP.get((K, PF), 0)))
     def sgm_lines_kernel(C1, G1, h, wd, n, p1, p2table, Sd1, dirs, starts):
         """All path lines of all direction pairs in one launch, GROUPS lines per warp
@@ -256,14 +346,14 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False):
         for i in range(cuda.threadIdx.x, 256, cuda.blockDim.x):
             p2tab[i] = p2table[i]
         cuda.syncthreads()  # before any thread returns
-        prev = cuda.local.array(K, int32)  # the walk along r
-        cur = cuda.local.array(K, int32)
-        c = cuda.local.array(K, int32)  # costs of this pixel
+        prev = cuda.local.array(KA, LT)  # the walk along r
+        cur = cuda.local.array(KA, LT)
+        c = cuda.local.array(KA, LT)  # costs of this pixel
         qf = cuda.local.array((PF, KW), uint32)  # raw costs and guide values of the next PF pixels
         gqf = cuda.local.array(PF, int32)
-        prev2 = cuda.local.array(K, int32)  # the walk back along -r, interleaved with it
-        cur2 = cuda.local.array(K, int32)
-        c2 = cuda.local.array(K, int32)
+        prev2 = cuda.local.array(KA, LT)  # the walk back along -r, interleaved with it
+        cur2 = cuda.local.array(KA, LT)
+        c2 = cuda.local.array(KA, LT)
         qb = cuda.local.array((PF, KW), uint32)
         gqb = cuda.local.array(PF, int32)
         tid = cuda.threadIdx.x
@@ -281,6 +371,8 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False):
         valid = line < nlines
         li = line if valid else first
         p1i = int32(p1)  # a new name: rebinding p1 would unify back to int64
+        if PACKED:
+            p1i = int32(uint32(p1) * uint32(0x10001))
         y0 = starts[li, 0]
         x0 = starts[li, 1]
         q = starts[li, 2]
@@ -303,18 +395,18 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False):
         else:
             Sf, Sb = Sd1[2 * q], Sd1[2 * q + 1]
         # the two walks are independent chains: stepping them together hides each one's latency
-        m, gp = begin(C1, G1, Sf, p, pstep, off, stride, length, nk, cur, c, qf, gqf, scratch, w, gl, tw, grp, per,
+        m, gp = begin_f(C1, G1, Sf, p, pstep, off, stride, length, nk, cur, c, qf, gqf, scratch, w, gl, tw, grp, per,
                       first_store)
-        m2, gp2 = begin(C1, G1, Sb, pb, -pstep, offb, -stride, length, nk, cur2, c2, qb, gqb, scratch, w, gl, tw,
+        m2, gp2 = begin_f(C1, G1, Sb, pb, -pstep, offb, -stride, length, nk, cur2, c2, qb, gqb, scratch, w, gl, tw,
                         grp, per, first_store and length > 1)
         for s in range(1, maxlen):
             p += pstep
             off += stride
             pb -= pstep
             offb -= stride
-            m, gp = advance(C1, G1, p1i, p2tab, Sf, p, pstep, off, stride, s, length, nk, m, gp,
+            m, gp = advance_f(C1, G1, p1i, p2tab, Sf, p, pstep, off, stride, s, length, nk, m, gp,
                             prev, cur, c, qf, gqf, scratch, w, gl, tw, grp, per, first_store and 2 * s <= length - 1)
-            m2, gp2 = advance(C1, G1, p1i, p2tab, Sb, pb, -pstep, offb, -stride, s, length, nk, m2, gp2,
+            m2, gp2 = advance_f(C1, G1, p1i, p2tab, Sb, pb, -pstep, offb, -stride, s, length, nk, m2, gp2,
                               prev2, cur2, c2, qb, gqb, scratch, w, gl, tw, grp, per, first_store and 2 * s < length - 1)
 
     return sgm_lines_kernel
@@ -366,6 +458,10 @@ SGM_ATOMIC = os.environ.get("STEREOCLI_SGM_SUM", "atomic") == "atomic"
 # H100, with 4 paths 23). STEREOCLI_SGM_PREFETCH=1|2|3 forces a depth.
 SGM_PREFETCH = int(os.environ.get("STEREOCLI_SGM_PREFETCH", "0"))
 SGM_PREFETCH_LINES_PER_SM = 40
+# A lane's path costs as pairs of uint16 in uint32 words (vec): the update two
+# disparities an instruction (PTX min.u16x2 on Hopper, prmt for the neighbours' pairs),
+# the costs unpacked and the sums packed by byte permutes. STEREOCLI_SGM_PACKED=0|1.
+SGM_PACKED = os.environ.get("STEREOCLI_SGM_PACKED", "1") == "1"
 
 
 # K of the horizontal pair alone (beside or before the bands: aggregate_bands) above 128
@@ -426,7 +522,9 @@ def sgm_kernel_for(ndisp, lines=0, first_store=False, horizontal=False, cells=0)
     horizontal, cells: see sgm_shape."""
     G, K, vec = sgm_shape(ndisp, horizontal, cells)
     pf = SGM_PREFETCH or (2 if lines <= SGM_PREFETCH_LINES_PER_SM * _sm_count() else 1)
-    key = (G, K, vec, SGM_ATOMIC, pf, first_store and SGM_ATOMIC)
+    packed = SGM_PACKED and vec
+    cc = tuple(cuda.get_current_device().compute_capability) if packed else (0, 0)
+    key = (G, K, vec, SGM_ATOMIC, pf, first_store and SGM_ATOMIC, packed, cc)
     if key not in _SGM_KERNELS:
         _SGM_KERNELS[key] = _make_sgm_kernel(*key)
     return _SGM_KERNELS[key], G, vec

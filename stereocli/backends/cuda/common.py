@@ -144,6 +144,29 @@ else:
 
 
 # ------------------------------------------------- two uint16 values in a uint32
+def byte_perm():
+    """byte_perm(a, b, sel): PTX prmt.b32 (CUDA's __byte_perm): byte k of the result is
+    byte sel's nibble k of the eight bytes of (b, a), a's lowest first; one instruction.
+    The GPU only (None under the simulator)."""
+    if SIM:
+        return None
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def _prmt(typingctx, a, b, sel):
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(32)] * 3)
+            return builder.call(ir.InlineAsm(fnty, "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r"), args)
+        return types.uint32(types.uint32, types.uint32, types.uint32), codegen
+
+    @cuda.jit(device=True, inline=True)
+    def prmt(a, b, sel):
+        return _prmt(uint32(a), uint32(b), sel)
+    return prmt
+
+
 def min_u16x2_for(cc):
     """min_u16x2(a, b): the unsigned minimum of each 16-bit half of two uint32 words, for
     a device of compute capability cc: Hopper's one instruction (PTX min.u16x2, sm_90
