@@ -145,6 +145,21 @@ def test_sgm_in_bands_bit_exact(rng, monkeypatch, lanes, together, rows, first, 
     np.testing.assert_array_equal(on_gpu("sgm", C, G, 20, 200, True, 8), on_cpu("sgm", C, G, 20, 200, True, 8))
 
 
+@pytest.mark.parametrize("ndisp,paths", [(64, 4), (128, 4), (256, 8)])
+def test_sgm_bit_exact_at_the_largest_penalties(rng, ndisp, paths):
+    """The largest P2 the config allows for the path count (the sum's uint16 bound),
+    with P1 = P2 and with a small P1, and costs of 255: the GPU updates the path costs
+    two to a 32-bit word (aggregate.SGM_PACKED), exact only while no 16-bit half
+    overflows into the other: the CPU's sums."""
+    p2 = 65535 // paths - 256
+    h, w, n = (23, 41, ndisp) if REAL_GPU else (5, 7, 8)
+    C = rng.integers(0, 256, (h, w, n)).astype(np.uint8)
+    C[..., ::5] = 255
+    G = rng.integers(0, 256, (h, w)).astype(np.uint8)
+    for p1 in (p2, 7):
+        np.testing.assert_array_equal(on_gpu("sgm", C, G, p1, p2, True, paths), on_cpu("sgm", C, G, p1, p2, True, paths))
+
+
 @pytest.mark.skipif(not REAL_GPU, reason="the simulator runs one lane a line")
 @pytest.mark.parametrize("first", ["on", "off"])
 def test_sgm_horizontal_pair_eight_a_lane_at_128(rng, monkeypatch, first):
