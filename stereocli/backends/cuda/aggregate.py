@@ -89,6 +89,12 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
     K4 = K // 4  # words per lane (vec)
     KW = K4 if vec else K  # raw words of a lane's costs at one pixel
 
+    KP = K // 2  # PACKED: a lane's uint32 words of two path costs
+    EDGE2 = uint32(_agg.EDGE * 0x10001)  # PACKED: both halves beyond the ends (EDGE + P1 < 65536)
+    PACKED = packed and vec and K % 4 == 0 and not SIM
+    prmt = byte_perm() if PACKED else None
+    min2 = min_u16x2_for(cc) if PACKED else None
+
     @cuda.jit(device=True, inline=True)
     def fetch(C1, off, nk, q, i):
         """Start the loads of one pixel's costs into row i of the queue q, as they are
@@ -104,8 +110,14 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
     @cuda.jit(device=True, inline=True)
     def take(q, gq, c):
         """The queue's first pixel: its costs into c (unpacked), the queue moved up a
-        row; returns its guide value."""
-        if vec:
+        row; returns its guide value. PACKED: the costs as pairs of uint16 (c[2t], c[2t + 1]
+        from word t)."""
+        if PACKED:
+            for t in range(K4):
+                word = q[0, t]
+                c[2 * t] = prmt(word, uint32(0), uint32(0x4140))  # bytes 0, 1 -> the low halves of two
+                c[2 * t + 1] = prmt(word, uint32(0), uint32(0x4342))
+        elif vec:
             for t in range(K4):
                 word = q[0, t]
                 for b in range(4):
@@ -130,12 +142,6 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
         crosses a field, as a sum never exceeds 65535)."""
         return (uint64(v[4 * i] & 0xFFFF) | (uint64(v[4 * i + 1] & 0xFFFF) << uint64(16))
                 | (uint64(v[4 * i + 2] & 0xFFFF) << uint64(32)) | (uint64(v[4 * i + 3] & 0xFFFF) << uint64(48)))
-
-    KP = K // 2  # PACKED: a lane's uint32 words of two path costs
-    EDGE2 = uint32(_agg.EDGE * 0x10001)  # PACKED: both halves beyond the ends (EDGE + P1 < 65536)
-    PACKED = packed and vec and K % 4 == 0 and not SIM
-    prmt = byte_perm() if PACKED else None
-    min2 = min_u16x2_for(cc) if PACKED else None
 
     @cuda.jit(device=True, inline=True)
     def pack_p(v, i):
@@ -183,11 +189,10 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
                             S1[uint64(off + j)] = v[j]
 
     @cuda.jit(device=True, inline=True)
-    def begin(C1, G1, S1, p, pstep, off, stride, length, nk, cur, c, q, gq, scratch, w, gl, tw, grp, per, put):
-        """First pixel of a path (flat index p, lane offset off; the next pixel is at
-        p + pstep, off + stride): L = C there; starts the loads of the next PF pixels'
-        costs and guide values into the queue (q, gq). Returns (min L of the group, guide
-        here)."""
+    def start(C1, G1, p, pstep, off, stride, length, nk, c, q, gq):
+        """The first pixel's costs into c (flat index p, lane offset off; the next pixel
+        is at p + pstep, off + stride), and the loads of the next PF pixels' costs and
+        guide values started into the queue (q, gq). Returns the guide value there."""
         g = int32(0)
         if length > 0:
             fetch(C1, off, nk, q, 0)
@@ -197,6 +202,20 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
             if i + 1 < length:
                 fetch(C1, off + (i + 1) * stride, nk, q, i)
                 gq[i] = int32(G1[uint64(p + (i + 1) * pstep)])
+        return g
+
+    @cuda.jit(device=True, inline=True)
+    def ahead(C1, G1, p, pstep, off, stride, s, length, nk, q, gq):
+        """At step s: the loads of the pixel PF steps ahead started into the queue's end."""
+        if s + PF < length:
+            fetch(C1, off + PF * stride, nk, q, PF - 1)
+            gq[PF - 1] = int32(G1[uint64(p + PF * pstep)])
+
+    @cuda.jit(device=True, inline=True)
+    def begin(C1, G1, S1, p, pstep, off, stride, length, nk, cur, c, q, gq, scratch, w, gl, tw, grp, per, put):
+        """First pixel of a path: L = C there (start). Returns (min L of the group, guide
+        here)."""
+        g = start(C1, G1, p, pstep, off, stride, length, nk, c, q, gq)
         m = int32(BIG)
         for j in range(K):
             v = c[j] if j < nk else int32(BIG)
@@ -217,9 +236,7 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
         for j in range(K):
             prev[j] = cur[j]
         g = take(q, gq, c)
-        if s + PF < length:
-            fetch(C1, off + PF * stride, nk, q, PF - 1)
-            gq[PF - 1] = int32(G1[uint64(p + PF * pstep)])
+        ahead(C1, G1, p, pstep, off, stride, s, length, nk, q, gq)
         p2e = p2tab[uint32(abs(int32(g - gp)))]  # penalty2 of every grey step, tabulated by the host
         lo0 = from_below(prev[K - 1], scratch, w, gl)
         hiK = from_above(prev[0], scratch, w, gl)
@@ -235,35 +252,13 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
         return group_min(mloc, scratch, w, gl), g
 
     @cuda.jit(device=True, inline=True)
-    def take_p(q, gq, c):
-        """take's twin for PACKED: the queue's first pixel's costs as pairs of uint16."""
-        for t in range(K4):
-            word = q[0, t]
-            c[2 * t] = prmt(word, uint32(0), uint32(0x4140))  # bytes 0, 1 -> the low halves of two
-            c[2 * t + 1] = prmt(word, uint32(0), uint32(0x4342))
-        g = gq[0]
-        for i in range(PF - 1):
-            for t in range(KW):
-                q[i, t] = q[i + 1, t]
-            gq[i] = gq[i + 1]
-        return g
-
-    @cuda.jit(device=True, inline=True)
     def pair_min(v):
         return int32(min(v & uint32(0xFFFF), v >> uint32(16)))
 
     @cuda.jit(device=True, inline=True)
     def begin_p(C1, G1, S1, p, pstep, off, stride, length, nk, cur, c, q, gq, scratch, w, gl, tw, grp, per, put):
         """begin's twin for PACKED."""
-        g = int32(0)
-        if length > 0:
-            fetch(C1, off, nk, q, 0)
-            gq[0] = int32(G1[uint64(p)])
-            g = take_p(q, gq, c)
-        for i in range(PF):
-            if i + 1 < length:
-                fetch(C1, off + (i + 1) * stride, nk, q, i)
-                gq[i] = int32(G1[uint64(p + (i + 1) * pstep)])
+        g = start(C1, G1, p, pstep, off, stride, length, nk, c, q, gq)
         m = EDGE2
         for j in range(KP):
             v = c[j] if 2 * j < nk else EDGE2
@@ -281,10 +276,8 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
         carries into or borrows from the other."""
         for j in range(KP):
             prev[j] = cur[j]
-        g = take_p(q, gq, c)
-        if s + PF < length:
-            fetch(C1, off + PF * stride, nk, q, PF - 1)
-            gq[PF - 1] = int32(G1[uint64(p + PF * pstep)])
+        g = take(q, gq, c)
+        ahead(C1, G1, p, pstep, off, stride, s, length, nk, q, gq)
         p2e = p2tab[uint32(abs(int32(g - gp)))]
         below = uint32(cuda.shfl_up_sync(0xFFFFFFFF, int32(prev[KP - 1]), 1))  # its high half: L(d0 - 1)
         above = uint32(cuda.shfl_down_sync(0xFFFFFFFF, int32(prev[0]), 1))  # its low half: L(d0 + K)
