@@ -451,7 +451,8 @@ SGM_ATOMIC = os.environ.get("STEREOCLI_SGM_SUM", "atomic") == "atomic"
 # H100, with 4 paths 23). STEREOCLI_SGM_PREFETCH=1|2|3 forces a depth.
 SGM_PREFETCH = int(os.environ.get("STEREOCLI_SGM_PREFETCH", "0"))
 SGM_PREFETCH_LINES_PER_SM = 40
-# A lane's path costs as pairs of uint16 in uint32 words (vec): the update two
+# On Hopper and later (sm_90: the one-instruction min.u16x2; measured only there), a
+# lane's path costs as pairs of uint16 in uint32 words (vec): the update two
 # disparities an instruction (PTX min.u16x2 on Hopper, prmt for the neighbours' pairs),
 # the costs unpacked and the sums packed by byte permutes. The main loop's SASS (sm_90,
 # K = 4) 197 -> 174 instructions a step of both walks. H100, SGM ms unpacked / packed,
@@ -523,8 +524,8 @@ def sgm_kernel_for(ndisp, lines=0, first_store=False, horizontal=False, cells=0)
     horizontal, cells: see sgm_shape."""
     G, K, vec = sgm_shape(ndisp, horizontal, cells)
     pf = SGM_PREFETCH or (2 if lines <= SGM_PREFETCH_LINES_PER_SM * _sm_count() else 1)
-    packed = SGM_PACKED and vec
-    cc = tuple(cuda.get_current_device().compute_capability) if packed else (0, 0)
+    cc = tuple(cuda.get_current_device().compute_capability) if SGM_PACKED and vec else (0, 0)
+    packed = SGM_PACKED and vec and cc >= (9, 0)  # (before Hopper, min.u16x2 is two minima and masks)
     key = (G, K, vec, SGM_ATOMIC, pf, first_store and SGM_ATOMIC, packed, cc)
     if key not in _SGM_KERNELS:
         _SGM_KERNELS[key] = _make_sgm_kernel(*key)
