@@ -39,6 +39,12 @@ CENSUS_MAX_BITS = 63  # the comparison string of a census window must fit a uint
 WMF_MAX_RADIUS = 12  # the weighted median's largest window radius (its samples are kept on the stack)
 
 
+def max_p2(paths: int) -> int:
+    """The largest P2 for `paths` directions: each path's costs stay below 255 + P2, and
+    their sum over all paths must fit uint16."""
+    return 65535 // paths - 256
+
+
 @dataclass
 class Params:
     """Everything that decides the result of a match (the device does not)."""
@@ -128,9 +134,8 @@ class Params:
              f"--block must be an odd size from 1 to 31, not {self.block!r}")
         need(isinstance(self.p1, int) and isinstance(self.p2, int) and 0 <= self.p1 <= self.p2,
              f"--p1 and --p2 must be integers with 0 <= P1 <= P2 (got {self.p1}, {self.p2})")
-        # per-path costs stay below 255 + P2; their sum over all paths must fit uint16
-        max_p2 = 65535 // self.paths - 256
-        need(self.p2 <= max_p2, f"--p2 {self.p2} is too large for {self.paths} paths; use at most {max_p2}")
+        largest = max_p2(self.paths)
+        need(self.p2 <= largest, f"--p2 {self.p2} is too large for {self.paths} paths; use at most {largest}")
         need(0 <= self.uniqueness < 100, f"--uniqueness must be a percentage in [0, 100), not {self.uniqueness}")
         need(self.lr_max_diff >= 0, f"--lr-max-diff must be >= 0, not {self.lr_max_diff}")
         need(self.speckle_size >= 0 and self.speckle_diff >= 0, "speckle size and difference must be >= 0")

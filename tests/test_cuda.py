@@ -151,7 +151,7 @@ def test_sgm_bit_exact_at_the_largest_penalties(rng, ndisp, paths):
     with P1 = P2 and with a small P1, and costs of 255: the GPU updates the path costs
     two to a 32-bit word (aggregate.SGM_PACKED), exact only while no 16-bit half
     overflows into the other: the CPU's sums."""
-    p2 = 65535 // paths - 256
+    p2 = config.max_p2(paths)
     h, w, n = (23, 41, ndisp) if REAL_GPU else (5, 7, 8)
     C = rng.integers(0, 256, (h, w, n)).astype(np.uint8)
     C[..., ::5] = 255

@@ -8,7 +8,7 @@ import pytest
 
 import reference as ref
 from stereocli.backends.cpu import CpuBackend
-from stereocli.config import Params
+from stereocli.config import Params, max_p2
 from stereocli.pipeline import cost_volume
 from stereocli.stages import cost, preprocess, refine
 
@@ -73,11 +73,11 @@ def test_sad_cost_is_zero_at_true_shift():
 @pytest.mark.parametrize("adaptive", [False, True])
 @pytest.mark.parametrize("largest,n", [(False, 7), (True, 7), (False, 1)])
 def test_sgm_matches_reference(rng, paths, adaptive, largest, n):
-    """Also with the largest P1 and P2 the options accept (P1 = P2 = 65535 // paths -
-    256), and one disparity (both neighbours beyond the range): the CPU's sweeps run in
+    """Also with the largest P1 and P2 the options accept (P1 = P2 = config.max_p2), and
+    one disparity (both neighbours beyond the range): the CPU's sweeps run in
     uint16, and nothing may wrap."""
     h, w = 9, 11
-    p1, p2 = (65535 // paths - 256,) * 2 if largest else (20, 200)
+    p1, p2 = (max_p2(paths),) * 2 if largest else (20, 200)
     Params(paths=paths, p1=p1, p2=p2).validate()  # (the options accept them)
     C = rng.integers(0, 256, (h, w, n)).astype(np.uint8)
     guide = rng.integers(0, 256, (h, w)).astype(np.uint8)
