@@ -67,11 +67,12 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
     registers (a group covers G * K disparities). `vec`: the cost volume is read as
     uint32 words (4 costs) and the path volume written as uint64 words (4 values),
     which needs D % 4 == 0 and K % 4 == 0. PF: how many pixels ahead of a walk its
-    costs and guide values are loaded (SGM_PREFETCH). first_store (atomic, and only the
-    horizontal pair, which covers every pixel): the first of a line's two walks to reach
-    a pixel stores its costs there and the second adds, so the sum needs no zeroing and
-    is read once fewer (CUDA backend: the horizontal pair before the bands). packed (vec):
-    a lane's path costs kept as pairs of uint16 in uint32 words, two disparities an
+    costs and guide values are loaded (SGM_PREFETCH). first_store (atomic, and only one
+    direction pair launched alone, whose lines cover every pixel once): the first of a
+    line's two walks to reach a pixel stores its costs there and the second adds, so the
+    sum needs no zeroing and is read once fewer (CUDA backend: the horizontal pair before
+    the bands, and the vertical pair of 4 paths apart: pairs_apart). packed (vec): a
+    lane's path costs kept as pairs of uint16 in uint32 words, two disparities an
     instruction (SGM_PACKED).
 
     The two walks of a line step together: the forward walk reaches position i at step
@@ -91,7 +92,7 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
 
     KP = K // 2  # PACKED: a lane's uint32 words of two path costs
     EDGE2 = uint32(_agg.EDGE * 0x10001)  # PACKED: both halves beyond the ends (EDGE + P1 < 65536)
-    PACKED = packed and vec and K % 4 == 0 and not SIM
+    PACKED = packed and vec  # (vec: on a GPU, with K % 4 == 0)
     prmt = byte_perm() if PACKED else None
     min2 = min_u16x2_for(cc) if PACKED else None
 
