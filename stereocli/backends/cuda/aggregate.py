@@ -41,13 +41,14 @@ def box_u8_y_kernel(T, r, out):
             acc += T[min(y + r + 1, h - 1), x, d] - T[max(y - r, 0), x, d]
 
 
-def _group_exchange(G):
+def _group_exchange(G, redux=False):
     """Min over a group of G lanes and the edge values of the neighbouring lanes, for
-    groups of G aligned lanes inside a warp (several path lines per warp)."""
+    groups of G aligned lanes inside a warp (several path lines per warp); redux: see
+    group_min_for."""
     if SIM:
         return warp_min, from_lane_below, from_lane_above
 
-    group_min = group_min_for(G)
+    group_min = group_min_for(G, redux)
 
     @cuda.jit(device=True, inline=True)
     def below(v, scratch, w, gl):
@@ -62,7 +63,7 @@ def _group_exchange(G):
     return group_min, below, above
 
 
-def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=(0, 0)):
+def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=(0, 0), redux=False):
     """The SGM line kernel for groups of G lanes, each lane holding K disparities in
     registers (a group covers G * K disparities). `vec`: the cost volume is read as
     uint32 words (4 costs) and the path volume written as uint64 words (4 values),
@@ -73,7 +74,7 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
     sum needs no zeroing and is read once fewer (CUDA backend: the horizontal pair before
     the bands, and the vertical pair of 4 paths apart: pairs_apart). packed (vec): a
     lane's path costs kept as pairs of uint16 in uint32 words, two disparities an
-    instruction (SGM_PACKED).
+    instruction (SGM_PACKED). redux: the group's minimum by one redux.sync (SGM_REDUX).
 
     The two walks of a line step together: the forward walk reaches position i at step
     i, the backward one at step length - 1 - i, so the forward walk is first where 2 s <=
@@ -84,8 +85,11 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
     The volumes and the guide are flat: a walk keeps the flat index of its pixel and of
     its lane's first word there, and steps them by constant strides (unsigned indices,
     so no per-access multiply or negative-index fix-up)."""
+    if not 1 <= PF <= 4:
+        raise ValueError(f"prefetch depth {PF}: the line kernel's loop is unrolled for 1 to 4")
+    R = PF + 1  # rows of a walk's queue
     GROUPS = 1 if SIM else 32 // G  # path lines per warp
-    group_min, from_below, from_above = _group_exchange(G)
+    group_min, from_below, from_above = _group_exchange(G, redux)
 
     K4 = K // 4  # words per lane (vec)
     KW = K4 if vec else K  # raw words of a lane's costs at one pixel
@@ -109,29 +113,28 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
                 q[i, j] = uint32(C1[uint64(off + j)]) if j < nk else uint32(0)
 
     @cuda.jit(device=True, inline=True)
-    def take(q, gq, c):
-        """The queue's first pixel: its costs into c (unpacked), the queue moved up a
-        row; returns its guide value. PACKED: the costs as pairs of uint16 (c[2t], c[2t + 1]
-        from word t)."""
+    def take(q, gq, c, u):
+        """The pixel in row u of the queue (a ring of R = PF + 1 rows: pixel i in row i % R,
+        u a constant where the walk's loop is unrolled): its costs into c (unpacked);
+        returns its guide value. PACKED: the costs as pairs of uint16 (c[2t], c[2t + 1]
+        from word t). The rows are never moved: a move waits for the load into the row it
+        reads, so a queue shifted a row a step gives every load one step whatever PF; and
+        the previous pixel's guide value stays in its row until this step has read it
+        (PF rows would need a copy of it, a move that waits for the next load)."""
         if PACKED:
             for t in range(K4):
-                word = q[0, t]
+                word = q[u, t]
                 c[2 * t] = prmt(word, uint32(0), uint32(0x4140))  # bytes 0, 1 -> the low halves of two
                 c[2 * t + 1] = prmt(word, uint32(0), uint32(0x4342))
         elif vec:
             for t in range(K4):
-                word = q[0, t]
+                word = q[u, t]
                 for b in range(4):
                     c[4 * t + b] = int32((word >> uint32(8 * b)) & uint32(0xFF))
         else:
             for j in range(K):
-                c[j] = int32(q[0, j])
-        g = gq[0]
-        for i in range(PF - 1):
-            for t in range(KW):
-                q[i, t] = q[i + 1, t]
-            gq[i] = gq[i + 1]
-        return g
+                c[j] = int32(q[u, j])
+        return gq[u]
 
     TRANSPOSE = vec and atomic and K4 > 1
     TW = 32 * K4 if TRANSPOSE else 1  # words of a warp's transpose buffer
@@ -193,52 +196,50 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
     def start(C1, G1, p, pstep, off, stride, length, nk, c, q, gq):
         """The first pixel's costs into c (flat index p, lane offset off; the next pixel
         is at p + pstep, off + stride), and the loads of the next PF pixels' costs and
-        guide values started into the queue (q, gq). Returns the guide value there."""
-        g = int32(0)
+        guide values started into the queue (q, gq: pixel i in row i)."""
+        gq[0] = int32(0)
         if length > 0:
             fetch(C1, off, nk, q, 0)
             gq[0] = int32(G1[uint64(p)])
-            g = take(q, gq, c)
-        for i in range(PF):
-            if i + 1 < length:
-                fetch(C1, off + (i + 1) * stride, nk, q, i)
-                gq[i] = int32(G1[uint64(p + (i + 1) * pstep)])
-        return g
+            take(q, gq, c, 0)
+        for i in range(1, R):
+            if i < length:
+                fetch(C1, off + i * stride, nk, q, i)
+                gq[i] = int32(G1[uint64(p + i * pstep)])
 
     @cuda.jit(device=True, inline=True)
-    def ahead(C1, G1, p, pstep, off, stride, s, length, nk, q, gq):
-        """At step s: the loads of the pixel PF steps ahead started into the queue's end."""
+    def ahead(C1, G1, p, pstep, off, stride, s, length, nk, q, gq, u):
+        """At step s (row u): the loads of the pixel PF steps ahead started into its row,
+        the previous pixel's."""
         if s + PF < length:
-            fetch(C1, off + PF * stride, nk, q, PF - 1)
-            gq[PF - 1] = int32(G1[uint64(p + PF * pstep)])
+            fetch(C1, off + PF * stride, nk, q, (u + PF) % R)
+            gq[(u + PF) % R] = int32(G1[uint64(p + PF * pstep)])
 
     @cuda.jit(device=True, inline=True)
     def begin(C1, G1, S1, p, pstep, off, stride, length, nk, cur, c, q, gq, scratch, w, gl, tw, grp, per, put):
-        """First pixel of a path: L = C there (start). Returns (min L of the group, guide
-        here)."""
-        g = start(C1, G1, p, pstep, off, stride, length, nk, c, q, gq)
+        """First pixel of a path: L = C there (start). Returns the min of L over the group."""
+        start(C1, G1, p, pstep, off, stride, length, nk, c, q, gq)
         m = int32(BIG)
         for j in range(K):
             v = c[j] if j < nk else int32(BIG)
             cur[j] = v
             m = min(m, v)
         store(S1, off, nk, cur, length > 0, put, tw, w, gl, grp, per)
-        return group_min(m, scratch, w, gl), g
+        return group_min(m, scratch, w, gl)
 
     @cuda.jit(device=True, inline=True)
-    def advance(C1, G1, p1, p2tab, S1, p, pstep, off, stride, s, length, nk, m, gp, prev, cur,
+    def advance(u, C1, G1, p1, p2tab, S1, p, pstep, off, stride, s, length, nk, m, prev, cur,
                 c, q, gq, scratch, w, gl, tw, grp, per, put):
         """Step s of a path, at the pixel (p, off): cur = SGM update of prev with the
-        costs loaded PF steps ago (the queue q, gq); starts the loads of the pixel PF
+        costs loaded PF steps ago (row u of the queue q, gq); starts the loads of the pixel PF
         steps ahead. A group past the end of its line computes but loads and stores
-        nothing (the shuffles need every lane of the warp).
-        gp: the guide value of the previous pixel. Returns (min cur of the group, the
-        guide value here)."""
+        nothing (the shuffles need every lane of the warp). Returns the min of cur over
+        the group."""
         for j in range(K):
             prev[j] = cur[j]
-        g = take(q, gq, c)
-        ahead(C1, G1, p, pstep, off, stride, s, length, nk, q, gq)
-        p2e = p2tab[uint32(abs(int32(g - gp)))]  # penalty2 of every grey step, tabulated by the host
+        g = take(q, gq, c, u)
+        p2e = p2tab[uint32(abs(int32(g - gq[(u + PF) % R])))]  # penalty2 of every grey step, tabulated by the host
+        ahead(C1, G1, p, pstep, off, stride, s, length, nk, q, gq, u)
         lo0 = from_below(prev[K - 1], scratch, w, gl)
         hiK = from_above(prev[0], scratch, w, gl)
         mloc = int32(BIG)
@@ -250,7 +251,7 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
             cur[j] = v
             mloc = min(mloc, v)
         store(S1, off, nk, cur, s < length, put, tw, w, gl, grp, per)
-        return group_min(mloc, scratch, w, gl), g
+        return group_min(mloc, scratch, w, gl)
 
     @cuda.jit(device=True, inline=True)
     def pair_min(v):
@@ -259,27 +260,27 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
     @cuda.jit(device=True, inline=True)
     def begin_p(C1, G1, S1, p, pstep, off, stride, length, nk, cur, c, q, gq, scratch, w, gl, tw, grp, per, put):
         """begin's twin for PACKED."""
-        g = start(C1, G1, p, pstep, off, stride, length, nk, c, q, gq)
+        start(C1, G1, p, pstep, off, stride, length, nk, c, q, gq)
         m = EDGE2
         for j in range(KP):
             v = c[j] if 2 * j < nk else EDGE2
             cur[j] = v
             m = min2(m, v)
         store(S1, off, nk, cur, length > 0, put, tw, w, gl, grp, per)
-        return group_min(pair_min(m), scratch, w, gl), g
+        return group_min(pair_min(m), scratch, w, gl)
 
     @cuda.jit(device=True, inline=True)
-    def advance_p(C1, G1, p1x2, p2tab, S1, p, pstep, off, stride, s, length, nk, m, gp, prev, cur,
+    def advance_p(u, C1, G1, p1x2, p2tab, S1, p, pstep, off, stride, s, length, nk, m, prev, cur,
                   c, q, gq, scratch, w, gl, tw, grp, per, put):
-        """advance's twin for PACKED: the same update, two disparities an instruction. Exact:
+        """advance's twin for PACKED (u: the queue's row of this step): the same update, two disparities an instruction. Exact:
         every path cost is below EDGE (255 + P2), EDGE + P1 < 65536, and what is subtracted
         (the previous minimum) is at most each half it is subtracted from, so no half
         carries into or borrows from the other."""
         for j in range(KP):
             prev[j] = cur[j]
-        g = take(q, gq, c)
-        ahead(C1, G1, p, pstep, off, stride, s, length, nk, q, gq)
-        p2e = p2tab[uint32(abs(int32(g - gp)))]
+        g = take(q, gq, c, u)
+        p2e = p2tab[uint32(abs(int32(g - gq[(u + PF) % R])))]  # (the previous pixel's row: read before it is reloaded)
+        ahead(C1, G1, p, pstep, off, stride, s, length, nk, q, gq, u)
         below = uint32(cuda.shfl_up_sync(0xFFFFFFFF, int32(prev[KP - 1]), 1))  # its high half: L(d0 - 1)
         above = uint32(cuda.shfl_down_sync(0xFFFFFFFF, int32(prev[0]), 1))  # its low half: L(d0 + K)
         below = below if gl > 0 else EDGE2
@@ -298,7 +299,7 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
             cur[j] = v
             mloc = min2(mloc, v)
         store(S1, off, nk, cur, s < length, put, tw, w, gl, grp, per)
-        return group_min(pair_min(mloc), scratch, w, gl), g
+        return group_min(pair_min(mloc), scratch, w, gl)
 
     @cuda.jit(device=True, inline=True)
     def line_length(y, x, dx, dy, h, wd):
@@ -320,6 +321,25 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
         for off in (16, 8, 4, 2, 1):
             v = max(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, off))
         return v
+
+    @cuda.jit(device=True, inline=True)
+    def both(u, s, C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb, stride, length, nk, m, m2, wf, wb, ex):
+        """Step s of a line's two walks (u = (s - 1) % PF: their queues' row); wf, wb: each
+        walk's arrays (prev, cur, c, q, gq), ex: (scratch, w, gl, tw, grp, per) (tuples: a
+        call of over 30 arguments is one Numba cannot inline). Returns the walks' new
+        positions and minima."""
+        prev, cur, c, qf, gqf = wf
+        prev2, cur2, c2, qb, gqb = wb
+        scratch, w, gl, tw, grp, per = ex
+        p += pstep
+        off += stride
+        pb -= pstep
+        offb -= stride
+        m = advance_f(u, C1, G1, p1i, p2tab, Sf, p, pstep, off, stride, s, length, nk, m,
+                          prev, cur, c, qf, gqf, scratch, w, gl, tw, grp, per, first_store and 2 * s <= length - 1)
+        m2 = advance_f(u, C1, G1, p1i, p2tab, Sb, pb, -pstep, offb, -stride, s, length, nk, m2,
+                            prev2, cur2, c2, qb, gqb, scratch, w, gl, tw, grp, per, first_store and 2 * s < length - 1)
+        return p, off, pb, offb, m, m2
 
     KA, LT = (KP, uint32) if PACKED else (K, int32)  # a lane's path costs: packed pairs or one each
     begin_f, advance_f = (begin_p, advance_p) if PACKED else (begin, advance)
@@ -343,13 +363,13 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
         prev = cuda.local.array(KA, LT)  # the walk along r
         cur = cuda.local.array(KA, LT)
         c = cuda.local.array(KA, LT)  # costs of this pixel
-        qf = cuda.local.array((PF, KW), uint32)  # raw costs and guide values of the next PF pixels
-        gqf = cuda.local.array(PF, int32)
+        qf = cuda.local.array((R, KW), uint32)  # raw costs and guide values: the previous pixel's, the next PF
+        gqf = cuda.local.array(R, int32)
         prev2 = cuda.local.array(KA, LT)  # the walk back along -r, interleaved with it
         cur2 = cuda.local.array(KA, LT)
         c2 = cuda.local.array(KA, LT)
-        qb = cuda.local.array((PF, KW), uint32)
-        gqb = cuda.local.array(PF, int32)
+        qb = cuda.local.array((R, KW), uint32)
+        gqb = cuda.local.array(R, int32)
         tid = cuda.threadIdx.x
         if SIM:
             w, gl, grp = 0, tid, 0
@@ -389,19 +409,31 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
         else:
             Sf, Sb = Sd1[2 * q], Sd1[2 * q + 1]
         # the two walks are independent chains: stepping them together hides each one's latency
-        m, gp = begin_f(C1, G1, Sf, p, pstep, off, stride, length, nk, cur, c, qf, gqf, scratch, w, gl, tw, grp, per,
-                      first_store)
-        m2, gp2 = begin_f(C1, G1, Sb, pb, -pstep, offb, -stride, length, nk, cur2, c2, qb, gqb, scratch, w, gl, tw,
-                        grp, per, first_store and length > 1)
-        for s in range(1, maxlen):
-            p += pstep
-            off += stride
-            pb -= pstep
-            offb -= stride
-            m, gp = advance_f(C1, G1, p1i, p2tab, Sf, p, pstep, off, stride, s, length, nk, m, gp,
-                            prev, cur, c, qf, gqf, scratch, w, gl, tw, grp, per, first_store and 2 * s <= length - 1)
-            m2, gp2 = advance_f(C1, G1, p1i, p2tab, Sb, pb, -pstep, offb, -stride, s, length, nk, m2, gp2,
-                              prev2, cur2, c2, qb, gqb, scratch, w, gl, tw, grp, per, first_store and 2 * s < length - 1)
+        m = begin_f(C1, G1, Sf, p, pstep, off, stride, length, nk, cur, c, qf, gqf, scratch, w, gl, tw, grp, per,
+                    first_store)
+        m2 = begin_f(C1, G1, Sb, pb, -pstep, offb, -stride, length, nk, cur2, c2, qb, gqb, scratch, w, gl, tw,
+                     grp, per, first_store and length > 1)
+        wf = (prev, cur, c, qf, gqf)
+        wb = (prev2, cur2, c2, qb, gqb)
+        ex = (scratch, w, gl, tw, grp, per)
+        # the loop unrolled R times: step s takes row s % R of the queues, a constant
+        s = 1
+        while s < maxlen:
+            p, off, pb, offb, m, m2 = both(1, s, C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb, stride,
+                                           length, nk, m, m2, wf, wb, ex)
+            if R > 2 and s + 1 < maxlen:
+                p, off, pb, offb, m, m2 = both(2, s + 1, C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb, stride,
+                                               length, nk, m, m2, wf, wb, ex)
+            if R > 3 and s + 2 < maxlen:
+                p, off, pb, offb, m, m2 = both(3, s + 2, C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb, stride,
+                                               length, nk, m, m2, wf, wb, ex)
+            if R > 4 and s + 3 < maxlen:
+                p, off, pb, offb, m, m2 = both(4, s + 3, C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb, stride,
+                                               length, nk, m, m2, wf, wb, ex)
+            if s + R - 1 < maxlen:
+                p, off, pb, offb, m, m2 = both(0, s + R - 1, C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb,
+                                               stride, length, nk, m, m2, wf, wb, ex)
+            s += R
 
     return sgm_lines_kernel
 
@@ -450,6 +482,14 @@ SGM_ATOMIC = os.environ.get("STEREOCLI_SGM_SUM", "atomic") == "atomic"
 # gave what 2 did, and PF = 4 was slower everywhere. So PF = 2 up to
 # SGM_PREFETCH_LINES_PER_SM path lines per SM (1920x1080 with 8 paths has 68 on an
 # H100, with 4 paths 23). STEREOCLI_SGM_PREFETCH=1|2|3 forces a depth.
+# (Until the twenty-fifth session a walk's queue was shifted a row a step: that move waits
+# for the load into the row it reads, so every load had one step whatever PF, and ncu on
+# the horizontal pair alone at 1920x1080/128 put 47 % of the warps' stalls on the guide
+# value's move. The queue is now a ring of PF + 1 rows, the loop unrolled PF + 1 times.
+# H100, SGM ms, shifted / ring, two rounds: 1920x1080/128/4 2.585 / 2.51-2.52,
+# 1242x375/128/4 0.87 / 0.74, 741x500/64/8 0.455 / 0.40. With K = 8 the ring at depth 2 was
+# slower (1920x1080/128/8 2.97 / 3.02; depth 1: 2.96), so K > 4 takes depth 1. The unrolled
+# loop takes longer to compile: about 11 s instead of 3.5 s a kernel at depth 2.)
 SGM_PREFETCH = int(os.environ.get("STEREOCLI_SGM_PREFETCH", "0"))
 SGM_PREFETCH_LINES_PER_SM = 40
 # On Hopper and later (sm_90: the one-instruction min.u16x2; measured only there), a
@@ -465,6 +505,15 @@ SGM_PREFETCH_LINES_PER_SM = 40
 # (prefetch depth 2 -> 6: 1.55 -> 1.50 ms) nor by the atomics (plain stores for the first
 # walk to reach a pixel: no faster). STEREOCLI_SGM_PACKED=0|1.
 SGM_PACKED = os.environ.get("STEREOCLI_SGM_PACKED", "1") == "1"
+# A line's minimum over its 32 lanes by one redux.sync (compute capability 8.0 and up)
+# instead of five shuffles and minima, for K = 4 (the lines of 4 paths and of the
+# smaller sizes). H100, SGM ms shuffles / redux, two rounds (twenty-fifth session, with
+# the queue still shifted a row a step): 1920x1080/128/4 2.59 / 2.55-2.56,
+# 1242x375/128/4 0.87 / 0.81. Not for groups of fewer lanes (a mask per group: 741x500/64/8
+# 0.45 -> 0.74, 1920x1080/128/8 with K = 8 for the horizontal pair 2.97 -> 3.33, the
+# selection's groups 0.38 -> 0.44 ms) nor for K = 8 at 256 (3840x2160/256/8 22.4 -> 22.7).
+# STEREOCLI_SGM_REDUX=0 turns it off.
+SGM_REDUX = os.environ.get("STEREOCLI_SGM_REDUX", "1") == "1"
 
 
 # K of the horizontal pair alone (beside or before the bands: aggregate_bands) above 128
@@ -524,10 +573,11 @@ def sgm_kernel_for(ndisp, lines=0, first_store=False, horizontal=False, cells=0)
     prefetch depth (SGM_PREFETCH) for that many lines; first_store: see _make_sgm_kernel;
     horizontal, cells: see sgm_shape."""
     G, K, vec = sgm_shape(ndisp, horizontal, cells)
-    pf = SGM_PREFETCH or (2 if lines <= SGM_PREFETCH_LINES_PER_SM * _sm_count() else 1)
-    cc = tuple(cuda.get_current_device().compute_capability) if SGM_PACKED and vec else (0, 0)
+    pf = SGM_PREFETCH or (2 if K == 4 and lines <= SGM_PREFETCH_LINES_PER_SM * _sm_count() else 1)
+    cc = (0, 0) if SIM else tuple(cuda.get_current_device().compute_capability)
     packed = SGM_PACKED and vec and cc >= (9, 0)  # (before Hopper, min.u16x2 is two minima and masks)
-    key = (G, K, vec, SGM_ATOMIC, pf, first_store and SGM_ATOMIC, packed, cc)
+    redux = SGM_REDUX and not SIM and G == 32 and K == 4 and cc >= (8, 0)
+    key = (G, K, vec, SGM_ATOMIC, pf, first_store and SGM_ATOMIC, packed, cc, redux)
     if key not in _SGM_KERNELS:
         _SGM_KERNELS[key] = _make_sgm_kernel(*key)
     return _SGM_KERNELS[key], G, vec

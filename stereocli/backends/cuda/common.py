@@ -226,6 +226,22 @@ def _flat_atomic_add():
 atomic_add_at = _flat_atomic_add()
 
 
+def _redux_min():
+    """redux_min(v, mask): PTX redux.sync.min.s32 (CUDA's __reduce_min_sync, sm_80 and up):
+    the min of v over the lanes of mask, one instruction."""
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def _redux(typingctx, v, mask):
+        def codegen(context, builder, sig, args):
+            fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(32), ir.IntType(32)])
+            return builder.call(ir.InlineAsm(fnty, "redux.sync.min.s32 $0, $1, $2;", "=r,r,r"), args)
+        return types.int32(types.int32, types.uint32), codegen
+    return _redux
+
+
 def group_min3_for(G):
     """group_min3(a, b, c, scratch, w, gl): group_min_for(G) of three values, their
     shuffle chains interleaved (the simulator: warp_min's shared-memory twin, three times)."""
@@ -247,10 +263,20 @@ def group_min3_for(G):
     return group_min3
 
 
-def group_min_for(G):
+def group_min_for(G, redux=False):
     """group_min(v, scratch, w, gl): the min of v over an aligned group of G lanes of a
     warp (G a power of two up to 32), by shuffles in which every lane of the warp takes
-    part (the GPU's; the simulator has warp_min's shared-memory twin)."""
+    part (the GPU's; the simulator has warp_min's shared-memory twin). redux (a whole
+    warp, G = 32, on compute capability 8.0 and up): one redux.sync instead."""
+    if redux and not SIM:
+        assert G == 32
+        redux_min = _redux_min()
+
+        @cuda.jit(device=True, inline=True)
+        def group_min_r(v, scratch, w, gl):
+            return redux_min(int32(v), uint32(0xFFFFFFFF))
+        return group_min_r
+
     @cuda.jit(device=True, inline=True)
     def group_min(v, scratch, w, gl):
         off = G // 2
