@@ -15,7 +15,8 @@ default's census + SGM + WTA + LR check, the figures libSGM is compared with).
 
 Tuning knobs (see stereocli/backends/cuda/aggregate.py and select.py):
 STEREOCLI_SGM_K=4|8|16 forces the disparities per lane of the SGM kernel,
-STEREOCLI_SGM_PREFETCH=1|2|3 how many pixels ahead its walks load, STEREOCLI_SGM_REGS
+STEREOCLI_SGM_PREFETCH=1|2|3 how many pixels ahead its walks load, STEREOCLI_SGM_REDUX=0
+the line minimum by shuffles instead of redux.sync, STEREOCLI_SGM_REGS
 and STEREOCLI_SELECT_REGS the register caps of the SGM and selection kernels (0: the
 compiler's choice), STEREOCLI_SGM_SUM=volumes one path volume per direction instead
 of atomic adds into one sum, STEREOCLI_SGM_BANDS=off|on the line kernel for every path
