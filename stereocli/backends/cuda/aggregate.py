@@ -5,8 +5,8 @@ import os
 from numba import cuda, int32, uint16, uint32, uint64
 
 from ...stages import aggregate as _agg
-from .common import (_REGS, BIG, CACHE, SGM_K, SGM_LANES, SGM_WARPS, SIM, _volume_index, atomic_add_at, byte_perm,
-                     from_lane_above, from_lane_below, group_min_for, min_u16x2_for, warp_min, device_twins)
+from .common import (_REGS, BIG, CACHE, LLVM_INLINE, SGM_K, SGM_LANES, SGM_WARPS, SIM, _volume_index, atomic_add_at,
+                     byte_perm, from_lane_above, from_lane_below, group_min_for, min_u16x2_for, warp_min, device_twins)
 
 agg = device_twins(_agg)  # the stage's shared arithmetic, as device functions
 
@@ -215,7 +215,7 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
             fetch(C1, off + PF * stride, nk, q, (u + PF) % R)
             gq[(u + PF) % R] = int32(G1[uint64(p + PF * pstep)])
 
-    @cuda.jit(device=True, inline=True)
+    @cuda.jit(device=True, **LLVM_INLINE)
     def begin(C1, G1, S1, p, pstep, off, stride, length, nk, cur, c, q, gq, scratch, w, gl, tw, grp, per, put):
         """First pixel of a path: L = C there (start). Returns the min of L over the group."""
         start(C1, G1, p, pstep, off, stride, length, nk, c, q, gq)
@@ -227,7 +227,7 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
         store(S1, off, nk, cur, length > 0, put, tw, w, gl, grp, per)
         return group_min(m, scratch, w, gl)
 
-    @cuda.jit(device=True, inline=True)
+    @cuda.jit(device=True, **LLVM_INLINE)
     def advance(u, C1, G1, p1, p2tab, S1, p, pstep, off, stride, s, length, nk, m, prev, cur,
                 c, q, gq, scratch, w, gl, tw, grp, per, put):
         """Step s of a path, at the pixel (p, off): cur = SGM update of prev with the
@@ -257,7 +257,7 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
     def pair_min(v):
         return int32(min(v & uint32(0xFFFF), v >> uint32(16)))
 
-    @cuda.jit(device=True, inline=True)
+    @cuda.jit(device=True, **LLVM_INLINE)
     def begin_p(C1, G1, S1, p, pstep, off, stride, length, nk, cur, c, q, gq, scratch, w, gl, tw, grp, per, put):
         """begin's twin for PACKED."""
         start(C1, G1, p, pstep, off, stride, length, nk, c, q, gq)
@@ -269,7 +269,7 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
         store(S1, off, nk, cur, length > 0, put, tw, w, gl, grp, per)
         return group_min(pair_min(m), scratch, w, gl)
 
-    @cuda.jit(device=True, inline=True)
+    @cuda.jit(device=True, **LLVM_INLINE)
     def advance_p(u, C1, G1, p1x2, p2tab, S1, p, pstep, off, stride, s, length, nk, m, prev, cur,
                   c, q, gq, scratch, w, gl, tw, grp, per, put):
         """advance's twin for PACKED (u: the queue's row of this step): the same update, two disparities an instruction. Exact:
@@ -322,7 +322,7 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
             v = max(v, cuda.shfl_xor_sync(0xFFFFFFFF, v, off))
         return v
 
-    @cuda.jit(device=True, inline=True)
+    @cuda.jit(device=True, **LLVM_INLINE)
     def both(u, s, C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb, stride, length, nk, m, m2, wf, wb, ex):
         """Step s of a line's two walks (u = (s - 1) % PF: their queues' row); wf, wb: each
         walk's arrays (prev, cur, c, q, gq), ex: (scratch, w, gl, tw, grp, per) (tuples: a
@@ -488,8 +488,9 @@ SGM_ATOMIC = os.environ.get("STEREOCLI_SGM_SUM", "atomic") == "atomic"
 # value's move. The queue is now a ring of PF + 1 rows, the loop unrolled PF + 1 times.
 # H100, SGM ms, shifted / ring, two rounds: 1920x1080/128/4 2.585 / 2.51-2.52,
 # 1242x375/128/4 0.87 / 0.74, 741x500/64/8 0.455 / 0.40. With K = 8 the ring at depth 2 was
-# slower (1920x1080/128/8 2.97 / 3.02; depth 1: 2.96), so K > 4 takes depth 1. The unrolled
-# loop takes longer to compile: about 11 s instead of 3.5 s a kernel at depth 2.)
+# slower (1920x1080/128/8 2.97 / 3.02; depth 1: 2.96), so K > 4 takes depth 1. The step
+# functions the unrolled loop calls are inlined by LLVM (LLVM_INLINE): with Numba's IR
+# inlining the kernel took about 11 s to compile at depth 2, now 3.3 s.)
 SGM_PREFETCH = int(os.environ.get("STEREOCLI_SGM_PREFETCH", "0"))
 SGM_PREFETCH_LINES_PER_SM = 40
 # On Hopper and later (sm_90: the one-instruction min.u16x2; measured only there), a
