@@ -157,6 +157,30 @@ else:
         return cuda.shfl_sync(0xFFFFFFFF, v, src)
 
 
+# ------------------------------------------------- one PTX instruction on 32-bit registers
+def _ptx32(asm, sig):
+    """A Numba intrinsic of one PTX instruction over 32-bit registers (the GPU only):
+    `asm` with $0 the result and $1.. the operands, `sig` its Numba signature (two or
+    three operands)."""
+    from llvmlite import ir
+    from numba.cuda.extending import intrinsic
+
+    def codegen(context, builder, signature, args):
+        fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(32)] * len(args))
+        return builder.call(ir.InlineAsm(fnty, asm, ",".join(["=r"] + ["r"] * len(args))), args)
+
+    if len(sig.args) == 2:
+        @intrinsic
+        def op2(typingctx, a, b):
+            return sig, codegen
+        return op2
+
+    @intrinsic
+    def op3(typingctx, a, b, c):
+        return sig, codegen
+    return op3
+
+
 # ------------------------------------------------- two uint16 values in a uint32
 def byte_perm():
     """byte_perm(a, b, sel): PTX prmt.b32 (CUDA's __byte_perm): byte k of the result is
@@ -164,16 +188,8 @@ def byte_perm():
     The GPU only (None under the simulator)."""
     if SIM:
         return None
-    from llvmlite import ir
     from numba import types
-    from numba.cuda.extending import intrinsic
-
-    @intrinsic
-    def _prmt(typingctx, a, b, sel):
-        def codegen(context, builder, sig, args):
-            fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(32)] * 3)
-            return builder.call(ir.InlineAsm(fnty, "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r"), args)
-        return types.uint32(types.uint32, types.uint32, types.uint32), codegen
+    _prmt = _ptx32("prmt.b32 $0, $1, $2, $3;", types.uint32(types.uint32, types.uint32, types.uint32))
 
     @cuda.jit(device=True, inline=True)
     def prmt(a, b, sel):
@@ -194,16 +210,8 @@ def min_u16x2_for(cc):
             return uint32(min(uint32(a & lo16), uint32(b & lo16)) | uint32(min(uint32(a >> sh), uint32(b >> sh)) << sh))
         return min_u16x2
 
-    from llvmlite import ir
     from numba import types
-    from numba.cuda.extending import intrinsic
-
-    @intrinsic
-    def _min(typingctx, a, b):
-        def codegen(context, builder, sig, args):
-            fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(32), ir.IntType(32)])
-            return builder.call(ir.InlineAsm(fnty, "min.u16x2 $0, $1, $2;", "=r,r,r"), args)
-        return types.uint32(types.uint32, types.uint32), codegen
+    _min = _ptx32("min.u16x2 $0, $1, $2;", types.uint32(types.uint32, types.uint32))
 
     @cuda.jit(device=True, inline=True)
     def min_u16x2(a, b):
@@ -243,17 +251,8 @@ atomic_add_at = _flat_atomic_add()
 def _redux_min():
     """redux_min(v, mask): PTX redux.sync.min.s32 (CUDA's __reduce_min_sync, sm_80 and up):
     the min of v over the lanes of mask, one instruction."""
-    from llvmlite import ir
     from numba import types
-    from numba.cuda.extending import intrinsic
-
-    @intrinsic
-    def _redux(typingctx, v, mask):
-        def codegen(context, builder, sig, args):
-            fnty = ir.FunctionType(ir.IntType(32), [ir.IntType(32), ir.IntType(32)])
-            return builder.call(ir.InlineAsm(fnty, "redux.sync.min.s32 $0, $1, $2;", "=r,r,r"), args)
-        return types.int32(types.int32, types.uint32), codegen
-    return _redux
+    return _ptx32("redux.sync.min.s32 $0, $1, $2;", types.int32(types.int32, types.uint32))
 
 
 def group_min3_for(G):
