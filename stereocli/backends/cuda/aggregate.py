@@ -272,10 +272,10 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
     @cuda.jit(device=True, **LLVM_INLINE)
     def advance_p(u, C1, G1, p1x2, p2tab, S1, p, pstep, off, stride, s, length, nk, m, prev, cur,
                   c, q, gq, scratch, w, gl, tw, grp, per, put):
-        """advance's twin for PACKED (u: the queue's row of this step): the same update, two disparities an instruction. Exact:
-        every path cost is below EDGE (255 + P2), EDGE + P1 < 65536, and what is subtracted
-        (the previous minimum) is at most each half it is subtracted from, so no half
-        carries into or borrows from the other."""
+        """advance's twin for PACKED: the same update, two disparities an instruction.
+        Exact: every path cost is below EDGE (255 + P2), EDGE + P1 < 65536, and what is
+        subtracted (the previous minimum) is at most each half it is subtracted from, so
+        no half carries into or borrows from the other."""
         for j in range(KP):
             prev[j] = cur[j]
         g = take(q, gq, c, u)
@@ -324,7 +324,7 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
 
     @cuda.jit(device=True, **LLVM_INLINE)
     def both(u, s, C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb, stride, length, nk, m, m2, wf, wb, ex):
-        """Step s of a line's two walks (u = (s - 1) % PF: their queues' row); wf, wb: each
+        """Step s of a line's two walks (u = s % R: their queues' row); wf, wb: each
         walk's arrays (prev, cur, c, q, gq), ex: (scratch, w, gl, tw, grp, per) (tuples: a
         call of over 30 arguments is one Numba cannot inline). Returns the walks' new
         positions and minima."""
@@ -336,9 +336,9 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
         pb -= pstep
         offb -= stride
         m = advance_f(u, C1, G1, p1i, p2tab, Sf, p, pstep, off, stride, s, length, nk, m,
-                          prev, cur, c, qf, gqf, scratch, w, gl, tw, grp, per, first_store and 2 * s <= length - 1)
+                      prev, cur, c, qf, gqf, scratch, w, gl, tw, grp, per, first_store and 2 * s <= length - 1)
         m2 = advance_f(u, C1, G1, p1i, p2tab, Sb, pb, -pstep, offb, -stride, s, length, nk, m2,
-                            prev2, cur2, c2, qb, gqb, scratch, w, gl, tw, grp, per, first_store and 2 * s < length - 1)
+                       prev2, cur2, c2, qb, gqb, scratch, w, gl, tw, grp, per, first_store and 2 * s < length - 1)
         return p, off, pb, offb, m, m2
 
     KA, LT = (KP, uint32) if PACKED else (K, int32)  # a lane's path costs: packed pairs or one each
@@ -503,8 +503,9 @@ SGM_PREFETCH_LINES_PER_SM = 40
 # 0.94-0.95 / 0.92-0.93, 1920x1080/256/8 5.76-5.78 / 5.72-5.73. The walks are bound by
 # their dependent steps (ncu, the horizontal pair alone at 1920x1080/128: 2 warps a
 # scheduler, 6.5 cycles between a warp's instructions, issue 31 %), not by the loads
-# (prefetch depth 2 -> 6: 1.55 -> 1.50 ms) nor by the atomics (plain stores for the first
-# walk to reach a pixel: no faster). STEREOCLI_SGM_PACKED=0|1.
+# (prefetch depth 2 -> 6: 1.55 -> 1.50 ms; but the queue's moves then gave every load
+# one step whatever the depth: see SGM_PREFETCH) nor by the atomics (plain stores for
+# the first walk to reach a pixel: no faster). STEREOCLI_SGM_PACKED=0|1.
 SGM_PACKED = os.environ.get("STEREOCLI_SGM_PACKED", "1") == "1"
 # A line's minimum over its 32 lanes by one redux.sync (compute capability 8.0 and up)
 # instead of five shuffles and minima, for K = 4 (the lines of 4 paths and of the
