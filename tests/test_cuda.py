@@ -608,6 +608,21 @@ def test_large_pair_in_strips_is_identical_on_cpu_and_gpu():
     assert same_maps(a.disparity, b.disparity).all()
 
 
+@pytest.mark.skipif(not REAL_GPU, reason="many strips of a pinned map: a real GPU (slow under the simulator)")
+def test_every_strip_lands_in_the_map_when_the_host_does_not_wait_for_each():
+    """Under --max-memory a pair runs in many strips, whose maps are copied into the
+    pinned result without the host waiting for each: when run returns, every strip's
+    rows are there, also in a second match made while the first's map is still held."""
+    left, right = (np.clip(a, 0, 255).astype(np.uint8) for a in textured_pair(h=400, w=320, shift=9, seed=5))
+    params = config.load("default", None, {"num_disparities": 32, "max_memory": 4})
+    a = pipeline.run(left, right, params, CPU)
+    first = pipeline.run(left, right, params, GPU)
+    second = pipeline.run(left, right, params, GPU)
+    assert a.strips == first.strips >= 8
+    assert same_maps(a.disparity, first.disparity).all()
+    assert same_maps(a.disparity, second.disparity).all()
+
+
 def test_both_backends_provide_every_operation_of_the_protocol():
     """backends/protocol.py declares what pipeline.run calls; each backend has every
     operation, with the same parameters."""

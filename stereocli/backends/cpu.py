@@ -156,7 +156,7 @@ class CpuBackend:
     def host_empty(self, shape, dtype):
         return np.empty(shape, dtype)
 
-    def download(self, a, out=None):
+    def download(self, a, out=None, wait=True):
         if out is None:
             return np.asarray(a)
         np.copyto(out, a)

@@ -31,9 +31,11 @@ class Backend(Protocol):
     def to_float(self, a: Array) -> Array:
         """uint8 (H, W) -> float32 (H, W), the same values."""
 
-    def download(self, a: Array, out=None):
+    def download(self, a: Array, out=None, wait: bool = True):
         """A device array back as a host numpy array; into `out` (a host array of its
-        shape and dtype, e.g. rows of the final map) when given, which is returned."""
+        shape and dtype, e.g. rows of the final map) when given, which is returned.
+        wait=False: the copy into `out` may be only queued (the caller calls synchronize
+        before it reads `out`)."""
 
     def host_empty(self, shape, dtype):
         """An uninitialised host numpy array for a result map (the CUDA backend hands out

@@ -366,12 +366,14 @@ class CudaBackend:
         download fills at the bus's speed without a second copy."""
         return np.empty(shape, dtype) if _HOST_MAPS is None else _HOST_MAPS.empty(shape, dtype)
 
-    def download(self, a, out=None):
+    def download(self, a, out=None, wait=True):
         """The array on the host (into `out` when given). Into a pinned `out`
-        (host_empty's), straight. Otherwise maps of 16 MiB or more come through a pinned
-        buffer: a copy into pageable memory ran at about 2.5 GB/s (3840x2160 float32: 13.2
-        ms; staged 6.2 ms). At 1920x1080 (8 MiB) staging gained nothing (1.47 ms against
-        0.86-1.56: the copy out of the buffer costs as much)."""
+        (host_empty's), straight, and with wait=False only queued: the pipeline's strips
+        do not wait for each other's maps (see pipeline.run). Otherwise maps of 16 MiB or
+        more come through a pinned buffer: a copy into pageable memory ran at about 2.5
+        GB/s (3840x2160 float32: 13.2 ms; staged 6.2 ms). At 1920x1080 (8 MiB) staging
+        gained nothing (1.47 ms against 0.86-1.56: the copy out of the buffer costs as
+        much)."""
         if isinstance(a, PathVolumes):
             a = self.sum_paths(a)
         if self._cap is not None and out is not None and a._dummy.is_c_contig:
@@ -389,7 +391,8 @@ class CudaBackend:
             nbytes = host.nbytes
             if hostmem.is_pinned(host):
                 self._d2h(host, a, nbytes)
-                self.synchronize()
+                if wait or host is not out:
+                    self.synchronize()
             elif self.DOWNLOAD_STAGING_MIN_BYTES <= nbytes <= self.DOWNLOAD_STAGING_MAX_BYTES:
                 if self._download_buf is None or self._download_buf.size < nbytes:
                     self._download_buf = None  # (freed before the larger one is pinned)
