@@ -76,9 +76,9 @@ def test_census_volume_at_the_largest_hamming_distance():
         assert (nbits * mul + add) >> shift <= 255
 
 
-@pytest.fixture(params=[1, 2, 3], ids=lambda pf: f"prefetch{pf}")
+@pytest.fixture(params=[1, 2, 3, 4], ids=lambda pf: f"prefetch{pf}")
 def prefetch(request, monkeypatch):
-    """The SGM kernel loading 1, 2 or 3 pixels ahead (chosen by size otherwise; lines
+    """The SGM kernel loading 1 to 4 pixels ahead (chosen by size otherwise; lines
     shorter than that depth included)."""
     from stereocli.backends.cuda import aggregate as kagg
     monkeypatch.setattr(kagg, "SGM_PREFETCH", request.param)

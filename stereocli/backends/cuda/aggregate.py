@@ -491,8 +491,16 @@ SGM_ATOMIC = os.environ.get("STEREOCLI_SGM_SUM", "atomic") == "atomic"
 # slower (1920x1080/128/8 2.97 / 3.02; depth 1: 2.96), so K > 4 takes depth 1. The step
 # functions the unrolled loop calls are inlined by LLVM (LLVM_INLINE): with Numba's IR
 # inlining the kernel took about 11 s to compile at depth 2, now 3.3 s.)
+# With the ring, depth 4 (uncapped registers: 70 at sm_90) where the lines make at most
+# SGM_PREFETCH_DEEP_WARPS_PER_SM warps per SM. H100, gpu.py kernel ms, depth 2 / 4, two
+# rounds alternated with the code before (twenty-sixth session): 741x500/64/8 (15
+# warps a SM) 0.514-0.516 / 0.482-0.484, 741x500/128/4 0.63 / 0.605, 1242x375/128/4
+# 0.949-0.950 / 0.906-0.907, 1242x375/128/8 (its horizontal pair) 0.939-0.945 /
+# 0.917-0.918; at 741x500/128/8 (30 warps a SM) depth 4 was slower (0.727-0.739 /
+# 0.784-0.793), so depth 2 stays there.
 SGM_PREFETCH = int(os.environ.get("STEREOCLI_SGM_PREFETCH", "0"))
 SGM_PREFETCH_LINES_PER_SM = 40
+SGM_PREFETCH_DEEP_WARPS_PER_SM = int(os.environ.get("STEREOCLI_SGM_PREFETCH_DEEP", "20"))
 # On Hopper and later (sm_90: the one-instruction min.u16x2; measured only there), a
 # lane's path costs as pairs of uint16 in uint32 words (vec): the update two
 # disparities an instruction (PTX min.u16x2 on Hopper, prmt for the neighbours' pairs),
@@ -527,14 +535,19 @@ SGM_REDUX = os.environ.get("STEREOCLI_SGM_REDUX", "1") == "1"
 SGM_HORIZONTAL_K = 8
 SGM_HORIZONTAL_K8_MIN_CELLS = 1 << 27
 
-# 4 paths from 2^28 cells: the vertical pair first, alone, storing its costs where it
-# comes first (no zeroed sum), then the horizontal pair adding, instead of one launch of
-# both pairs into a zeroed sum. H100, SGM ms, one launch / the vertical pair first / the
+# 4 paths from SGM_PAIRS_APART_MIN_CELLS cells: the vertical pair first, alone, storing
+# its costs where it comes first (no zeroed sum), then the horizontal pair adding,
+# instead of one launch of both pairs into a zeroed sum. H100, SGM ms, one launch / the vertical pair first / the
 # horizontal pair first (twenty-third session, the sums identical): 1242x375/128/4 0.89 /
 # 1.08 / 1.10, 1920x1080/128/4 2.60 / 2.58 / 2.65, 1920x1080/256/4 5.42 / 4.72 / 5.02,
-# 3840x2160/256/4 21.4 / 18.5 / 18.5. STEREOCLI_SGM_PAIRS_APART=auto|on|off.
+# 3840x2160/256/4 21.4 / 18.5 / 18.5. With the walks' queue a ring (twenty-sixth
+# session) the pairs apart won at 1920x1080/128/4 too, which has 2^27.98 cells and ran
+# as one launch below 2^28: H100, gpu.py, two rounds alternated, aggregate ms one launch
+# / apart 2.524-2.532 / 2.130-2.131 (kernels 3.27-3.28 / 2.879); still not at the KITTI
+# size (1242x375/128/4 0.701-0.703 / 0.744-0.747) nor at 741x500/128/4 (0.435-0.436 /
+# 0.556-0.557). So from 2^27 cells. STEREOCLI_SGM_PAIRS_APART=auto|on|off.
 SGM_PAIRS_APART = os.environ.get("STEREOCLI_SGM_PAIRS_APART", "auto")
-SGM_PAIRS_APART_MIN_CELLS = 1 << 28
+SGM_PAIRS_APART_MIN_CELLS = 1 << 27
 
 
 def pairs_apart(paths, cells):
@@ -575,7 +588,12 @@ def sgm_kernel_for(ndisp, lines=0, first_store=False, horizontal=False, cells=0)
     prefetch depth (SGM_PREFETCH) for that many lines; first_store: see _make_sgm_kernel;
     horizontal, cells: see sgm_shape."""
     G, K, vec = sgm_shape(ndisp, horizontal, cells)
-    pf = SGM_PREFETCH or (2 if K == 4 and lines <= SGM_PREFETCH_LINES_PER_SM * _sm_count() else 1)
+    pf = SGM_PREFETCH
+    if not pf:
+        sms = _sm_count()
+        pf = 1
+        if K == 4 and lines <= SGM_PREFETCH_LINES_PER_SM * sms:
+            pf = 4 if lines * G <= 32 * SGM_PREFETCH_DEEP_WARPS_PER_SM * sms else 2
     cc = (0, 0) if SIM else tuple(cuda.get_current_device().compute_capability)
     packed = SGM_PACKED and vec and cc >= (9, 0)  # (before Hopper, min.u16x2 is two minima and masks)
     redux = SGM_REDUX and not SIM and G == 32 and K == 4 and cc >= (8, 0)
