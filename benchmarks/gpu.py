@@ -15,7 +15,9 @@ default's census + SGM + WTA + LR check, the figures libSGM is compared with).
 
 Tuning knobs (see stereocli/backends/cuda/aggregate.py and select.py):
 STEREOCLI_SGM_K=4|8|16 forces the disparities per lane of the SGM kernel,
-STEREOCLI_SGM_PREFETCH=1|2|3 how many pixels ahead its walks load, STEREOCLI_SGM_REDUX=0
+STEREOCLI_SGM_PREFETCH=1|2|3|4 how many pixels ahead its walks load (STEREOCLI_SGM_PREFETCH_DEEP:
+the most warps per SM that take depth 4, 20), STEREOCLI_SGM_PAIRS_APART=on|off 4 paths
+in two launches (auto: from 2^27 cells), STEREOCLI_SGM_REDUX=0
 the line minimum by shuffles instead of redux.sync, STEREOCLI_SGM_REGS
 and STEREOCLI_SELECT_REGS the register caps of the SGM and selection kernels (0: the
 compiler's choice), STEREOCLI_SGM_SUM=volumes one path volume per direction instead
