@@ -187,8 +187,8 @@ def run(left, right, params: Params, backend: Backend, confidence: bool = False)
             # not wait for them: it queues the next strip while the device works, and waits
             # once, below. When it waited for each strip's map, the device stood idle while
             # the host set up the next strip, and a slow host showed in every strip
-            # (6000x4000 / 320, 4 strips, H100 machine, 8 runs each, two alternated
-            # processes each: 188.9-195.9 ms, upload stage 7.1-7.4 -> 184.4-186.0, 2.2).
+            # (6000x4000 / 320, 4 strips, H100 machine, two alternated processes of 8 runs
+            # each way: runs 188.9-195.9 -> 184.4-186.0 ms, upload stage 7.1-7.4 -> 2.2 ms).
             _, c = _run_strip(gl[y0:y1], gr[y0:y1], params, backend, timer, want_conf,
                               None if guide is None else guide[y0:y1], out[k0:k1], (k0 - y0, k1 - y0))
             if want_conf:

@@ -537,8 +537,9 @@ SGM_HORIZONTAL_K8_MIN_CELLS = 1 << 27
 
 # 4 paths from SGM_PAIRS_APART_MIN_CELLS cells: the vertical pair first, alone, storing
 # its costs where it comes first (no zeroed sum), then the horizontal pair adding,
-# instead of one launch of both pairs into a zeroed sum. H100, SGM ms, one launch / the vertical pair first / the
-# horizontal pair first (twenty-third session, the sums identical): 1242x375/128/4 0.89 /
+# instead of one launch of both pairs into a zeroed sum. H100, SGM ms, one launch / the
+# vertical pair first / the horizontal pair first (twenty-third session, the sums
+# identical): 1242x375/128/4 0.89 /
 # 1.08 / 1.10, 1920x1080/128/4 2.60 / 2.58 / 2.65, 1920x1080/256/4 5.42 / 4.72 / 5.02,
 # 3840x2160/256/4 21.4 / 18.5 / 18.5. With the walks' queue a ring (twenty-sixth
 # session) the pairs apart won at 1920x1080/128/4 too, which has 2^27.98 cells and ran

@@ -391,7 +391,7 @@ class CudaBackend:
             nbytes = host.nbytes
             if hostmem.is_pinned(host):
                 self._d2h(host, a, nbytes)
-                if wait or host is not out:
+                if wait:  # (pinned host memory is always `out`: an array made here is not pinned)
                     self.synchronize()
             elif self.DOWNLOAD_STAGING_MIN_BYTES <= nbytes <= self.DOWNLOAD_STAGING_MAX_BYTES:
                 if self._download_buf is None or self._download_buf.size < nbytes:
