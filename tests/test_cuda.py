@@ -494,6 +494,31 @@ def test_pooled_buffers_do_not_leak_between_pairs():
     assert same_maps(a, first).all()  # the same pair again, after another one
 
 
+@pytest.mark.skipif(not REAL_GPU, reason="the buffer pool is off under the simulator")
+def test_pairs_of_many_sizes_give_their_device_memory_back():
+    """A batch of many sizes (a Middlebury tree) leaves each size's buffers in the pool;
+    when an allocation fails the pool is emptied and the memory must come back to the
+    device for the retry (the backend once kept the first buffer of every shape)."""
+    import gc
+    ctx = cuda.current_context()
+    bk = CudaBackend()
+    params = config.load("default", None, {"num_disparities": 128})
+
+    def free_after_release():
+        gc.collect()
+        bk.synchronize()
+        bk._pool.release()  # what an allocation that fails does before it tries again
+        ctx.deallocations.clear()
+        return ctx.get_memory_info()[0]
+
+    before = free_after_release()
+    for i in range(5):  # 600 x 800-832 / 128: about 180 MB of volumes each
+        left, right = textured_pair(h=600, w=800 + 8 * i, shift=4, seed=i)
+        pipeline.run(left.astype(np.uint8), right.astype(np.uint8), params, bk)
+    leaked = before - free_after_release()
+    assert leaked < 64 << 20, f"{leaked / 2**20:.0f} MiB of device memory not given back"
+
+
 @pytest.mark.skipif(not REAL_GPU, reason="the pinned result maps are off under the simulator")
 def test_a_kept_map_is_not_overwritten_by_later_matches():
     """Maps come back in pinned buffers that are used again once dropped (from the

@@ -221,8 +221,12 @@ class CudaBackend:
             if len(self._like) > 256:  # a batch of many sizes
                 self._like.clear()
             strides = dtype.itemsize * np.cumprod((1,) + shape[:0:-1])[::-1]  # C order
-            like = self._like[key] = vars(DeviceNDArray(shape, tuple(int(v) for v in strides), dtype,
-                                                        stream=self.stream, gpu_data=mem))
+            like = dict(vars(DeviceNDArray(shape, tuple(int(v) for v in strides), dtype,
+                                           stream=self.stream, gpu_data=mem)))
+            # (not the memory itself: kept here, the first buffer of every shape would
+            # outlive the pool's limit and its release on a failed allocation)
+            del like["gpu_data"]
+            self._like[key] = like
         arr = DeviceNDArray.__new__(DeviceNDArray)
         vars(arr).update(like)
         arr.gpu_data = handle
