@@ -519,6 +519,36 @@ def test_pairs_of_many_sizes_give_their_device_memory_back():
     assert leaked < 64 << 20, f"{leaked / 2**20:.0f} MiB of device memory not given back"
 
 
+@pytest.mark.skipif(not REAL_GPU, reason="the launcher's own path is off under the simulator")
+def test_a_kernel_compiled_at_its_first_launch_lets_the_callers_arrays_go():
+    """A kernel compiles at its first launch, and Numba's type inference leaves
+    reference cycles through the frames on the stack: compiled there, the caller's
+    arrays (a match's images and its pinned map) stayed alive until Python's next full
+    collection. They must go as soon as the caller drops them."""
+    import gc
+    import weakref
+    from stereocli.backends.cuda.launch import Launcher
+
+    @cuda.jit(cache=False)  # this test's own kernel: it compiles at its first launch below
+    def clamp(a, n, out):
+        i = cuda.grid(1)
+        if i < out.size:
+            out[i] = min(a[i], np.float32(n))
+
+    def first_launch():
+        host = np.arange(64, dtype=np.float32)  # an array of the caller's
+        a, out = GPU.upload(host), GPU.upload(np.zeros(64, np.float32))
+        Launcher().launch(clamp, (1,), (64,), GPU.stream, a, 5, out)
+        np.testing.assert_array_equal(GPU.download(out), np.minimum(host, 5))
+        return weakref.ref(host)
+
+    gc.disable()  # (a collection would break the cycles and hide them)
+    try:
+        assert first_launch()() is None
+    finally:
+        gc.enable()
+
+
 @pytest.mark.skipif(not REAL_GPU, reason="the pinned result maps are off under the simulator")
 def test_a_kept_map_is_not_overwritten_by_later_matches():
     """Maps come back in pinned buffers that are used again once dropped (from the
