@@ -85,7 +85,9 @@ def _compile_apart(kernel, args):
         except Exception:
             pass
 
-    t = threading.Thread(target=work, name="stereocli-compile")
+    # (a daemon: Ctrl-C during a long compile interrupts the join, and the process then
+    # exits without waiting for the compile to finish)
+    t = threading.Thread(target=work, name="stereocli-compile", daemon=True)
     t.start()
     t.join()
 
