@@ -7,11 +7,12 @@ driver, which takes about 10 us of that (benchmarks/profile_host.py). At the sha
 scenes' size a match is bound by this host work, not by the GPU.
 
 `Launcher.launch` does Numba's part once per kernel and argument types: the first
-launch goes through Numba (which compiles or loads the kernel); later ones flatten the
-arguments as Numba's `_Kernel._prepare_args` does (an array is meminfo, parent, size,
-itemsize, data pointer, shape, strides) and call cuda.core's `launch` directly. A
-kernel or an argument it does not know (a host array, a record) always takes Numba's
-path. Under the simulator everything does.
+launch goes through Numba (the kernel compiled or loaded first on a thread of its own:
+_compile_apart says why); later ones flatten the arguments as Numba's
+`_Kernel._prepare_args` does (an array is meminfo, parent, size, itemsize, data
+pointer, shape, strides) and call cuda.core's `launch` directly. A kernel or an
+argument it does not know (a host array, a record) always takes Numba's path. Under
+the simulator everything does.
 """
 import ctypes
 import threading
