@@ -144,8 +144,10 @@ LARGE = (6000, 4000, 320, 250.0)  # issue 13's large pair: width, height, dispar
 def large_pair_line(runs):
     """Issue 13's large pair, default preset from host arrays: how many strips, each of
     `runs` consecutive warm runs (after two that allocate the device memory and the
-    pinned result maps at this size), their spread (slowest / fastest - 1), the stages
-    of the last and of the slowest (where a slow run lost its time)."""
+    pinned result maps at this size), their spread (slowest / fastest - 1), how many
+    result maps were pinned during them (0 when the warm-ups' maps came back to the
+    pool; each one a pause of tens of ms), the stages of the last and of the slowest
+    (where a slow run lost its time)."""
     from stereocli import config, pipeline
     from stereocli.backends import get_backend
     w, h, ndisp, bound = LARGE
@@ -159,6 +161,8 @@ def large_pair_line(runs):
     kept = pipeline.run(left, right, params, bk)
     pipeline.run(left, right, params, bk)
     del kept
+    from stereocli.backends.cuda.backend import _HOST_MAPS
+    pinned0 = _HOST_MAPS.pinned
     ts, stages = [], []
     for _ in range(runs):
         t = time.perf_counter()
@@ -167,7 +171,8 @@ def large_pair_line(runs):
         stages.append({k: round(v, 1) for k, v in r.timings.items()})
     emit(preset="default", width=w, height=h, num_disparities=ndisp, strips=r.strips,
          run_ms=[round(t, 1) for t in ts], best_ms=round(min(ts), 1), spread=round(max(ts) / min(ts) - 1, 3),
-         bound_ms=bound, stages_ms=stages[-1], slowest_run_stages_ms=stages[int(np.argmax(ts))])
+         maps_pinned_during_runs=_HOST_MAPS.pinned - pinned0, bound_ms=bound, stages_ms=stages[-1],
+         slowest_run_stages_ms=stages[int(np.argmax(ts))])
 
 
 def main():

@@ -40,6 +40,7 @@ class HostMaps:
     def __init__(self):
         self.free = {}  # nbytes -> [pinned uint8 buffers]
         self.held = 0  # pinned bytes allocated by the pool (free or handed out)
+        self.pinned = 0  # buffers pinned so far (benchmarks count them: a 96 MB one took 35-55 ms, H100 host)
         self.lock = threading.Lock()  # the lease finalizers run on whichever thread collects
 
     def empty(self, shape, dtype):
@@ -70,7 +71,9 @@ class HostMaps:
                     return None
             self.held += nbytes
         try:
-            return cuda.pinned_array(nbytes, np.uint8)
+            buf = cuda.pinned_array(nbytes, np.uint8)
+            self.pinned += 1
+            return buf
         except Exception:  # page-locked memory refused: ordinary memory serves
             with self.lock:
                 self.held -= nbytes
