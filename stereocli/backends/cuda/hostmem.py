@@ -72,12 +72,13 @@ class HostMaps:
             self.held += nbytes
         try:
             buf = cuda.pinned_array(nbytes, np.uint8)
-            self.pinned += 1
-            return buf
         except Exception:  # page-locked memory refused: ordinary memory serves
             with self.lock:
                 self.held -= nbytes
             return None
+        with self.lock:  # (counted as held is: the maps may be made on several threads)
+            self.pinned += 1
+        return buf
 
     def _give(self, nbytes, buf):
         with self.lock:
