@@ -103,8 +103,9 @@ def kernel_times(bk, left, right, ndisp, paths, repeat, hold=True):
     from numba import cuda
     hold = hold and not numba.config.ENABLE_CUDASIM
     hold_kernel = _hold_kernel() if hold else None
-    L, R = bk.upload(left.astype(np.float32)), bk.upload(right.astype(np.float32))
-    G = bk.upload(left)
+    # the 8-bit images, as the pipeline hands them to the census (and libSGM takes them)
+    L, R = bk.upload(left), bk.upload(right)
+    G = L
     stages = {}
 
     def once(record):

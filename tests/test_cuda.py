@@ -76,6 +76,49 @@ def test_census_volume_at_the_largest_hamming_distance():
         assert (nbits * mul + add) >> shift <= 255
 
 
+@pytest.mark.parametrize("wx,wy", [(9, 7), (5, 3), (7, 5), (1, 3), (7, 9), (31, 1), (3, 21)])
+def test_census_strings_of_8bit_images_bit_exact(rng, wx, wy):
+    """8-bit images (what the pipeline hands the census) take the kernel that compares
+    four pixels at once: its strings are census_at's, bit for bit, for every window
+    shape (tall ones go through the float kernel), on rows wider than a block, a width
+    that is not a multiple of four, ties with the centre and both ends of the range."""
+    L = rng.integers(0, 256, (9, 150)).astype(np.uint8)
+    L[2, 10:40] = 0
+    L[3, 20:60] = 255
+    L[4, 30:45] = L[4, 37]  # a flat run: comparisons with equal neighbours give 0
+    R = rng.integers(126, 131, (9, 150)).astype(np.uint8)  # many ties, around the top bit's edge
+    cl, cr = GPU.census_strings(GPU.upload(L), GPU.upload(R), wx, wy)
+    np.testing.assert_array_equal(GPU.download(cl), cost.census_transform_cpu(L, wx, wy))
+    np.testing.assert_array_equal(GPU.download(cr), cost.census_transform_cpu(R, wx, wy))
+
+
+def test_census_volume_of_8bit_images_bit_exact(rng):
+    """The census volume from 8-bit images, 64 and 72 disparities over rows wider than
+    that: runs of eight words whose right pixels all lie inside take the unrolled path
+    (scale to cost units from the top byte), the others the checked one, both equal to
+    the CPU's volume; a dot on black against a flat image reaches the largest distance."""
+    L = rng.integers(0, 256, (7, 200)).astype(np.uint8)
+    L[3, 150::6] = 255
+    L[2:5, 148:] = np.where(L[2:5, 148:] == 255, 255, 0)
+    R = rng.integers(0, 256, (7, 200)).astype(np.uint8)
+    R[:, 80:] = 128
+    for min_d, ndisp in ((0, 64), (-3, 72)):
+        gpu = on_gpu("census_volume", L, R, min_d, ndisp, 9, 7)
+        np.testing.assert_array_equal(gpu, on_cpu("census_volume", L, R, min_d, ndisp, 9, 7))
+    assert gpu.max() == 255
+
+
+def test_the_gpu_census_scale_gives_the_cpu_table():
+    """The GPU's cost scale (top byte of a multiply-add) against the CPU's table, for
+    every string size and every Hamming distance, without overflowing 32 bits."""
+    from stereocli.backends.cuda.cost import census_scale_top
+    for nbits in range(2, 65):
+        mul, add = (int(v) for v in census_scale_top(nbits))
+        h = np.arange(nbits + 1)
+        assert nbits * mul + add < 1 << 32
+        np.testing.assert_array_equal((h * mul + add) >> 24, cost.census_scale(nbits)[:nbits + 1])
+
+
 @pytest.fixture(params=[1, 2, 3, 4], ids=lambda pf: f"prefetch{pf}")
 def prefetch(request, monkeypatch):
     """The SGM kernel loading 1 to 4 pixels ahead (chosen by size otherwise; lines

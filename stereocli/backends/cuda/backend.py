@@ -596,13 +596,24 @@ class CudaBackend:
     def census_codes(self, left, right, min_d, ndisp, wx, wy):
         return None  # (the SGM kernels read a stored volume)
 
-    def census_volume(self, left, right, min_d, ndisp, wx, wy):
+    def census_strings(self, left, right, wx, wy):
+        """The census strings of both images (uint64 each, census_at's): 8-bit images by
+        the kernel that compares four pixels at once, others through a float32 tile."""
         h, w = left.shape
         cl, cr = self._empty((h, w), np.uint64), self._empty((h, w), np.uint64)
-        tiled = left.dtype in (np.float32, np.uint8, np.uint16) and right.dtype == left.dtype
-        census = kcost.census_kernel_for(wx, wy, tiled)
         bx, by = kcost.CENSUS_BLOCK
-        self._launch(census, ((w + bx - 1) // bx, (h + by - 1) // by, 2), (bx, by), left, right, cl, cr)
+        if left.dtype == np.uint8 and right.dtype == np.uint8 and wy <= kcost.CENSUS8_MAX_ROWS:
+            census = kcost.census8_kernel_for(wx, wy)
+            self._launch(census, ((w + 4 * bx - 1) // (4 * bx), (h + by - 1) // by, 2), (bx, by), left, right, cl, cr)
+        else:
+            tiled = left.dtype in (np.float32, np.uint8, np.uint16) and right.dtype == left.dtype
+            census = kcost.census_kernel_for(wx, wy, tiled)
+            self._launch(census, ((w + bx - 1) // bx, (h + by - 1) // by, 2), (bx, by), left, right, cl, cr)
+        return cl, cr
+
+    def census_volume(self, left, right, min_d, ndisp, wx, wy):
+        h, w = left.shape
+        cl, cr = self.census_strings(left, right, wx, wy)
         vol = self._empty((h, w, ndisp), np.uint8)
         if ndisp % 8 == 0 and ndisp <= kcost.TILE_MAX_D:
             self._launch(kcost.census_volume_px_kernel_for(wx * wy - 1), ((w + kcost.PX_TILE - 1) // kcost.PX_TILE, h),

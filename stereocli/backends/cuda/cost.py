@@ -1,10 +1,13 @@
 """Cost-volume kernels (stages/cost.py on the GPU): census transform and census volume (packed, popc), per-pixel differences, box means, finalisation to cost units, mutual-information table and histogram."""
+import functools
 import math
+
+import numpy as np
 
 from numba import cuda, float32, int32, uint32, uint64
 
 from ...stages import cost as _cost
-from .common import CACHE, OUTSIDE, SIM, _volume_index, device_twins
+from .common import CACHE, OUTSIDE, SIM, _volume_index, byte_perm, device_twins
 
 cst = device_twins(_cost)  # the stage's shared arithmetic, as device functions
 
@@ -78,6 +81,163 @@ def census_kernel_for(wx, wy, tiled=True):
     return census_kernel
 
 
+CENSUS8_MAX_ROWS = 9  # window rows census8_kernel_for unrolls (taller windows: the float kernel)
+_H = uint32(0x80808080)  # each byte's top bit
+_L7 = uint32(0x7F7F7F7F)  # each byte's low seven bits
+
+
+def _transpose4():
+    """transpose4(a0, a1, a2, a3): the 4x4 matrix of bytes (byte m of word B) transposed,
+    as four words: word m = (byte m of a0, of a1, of a2, of a3), a0's lowest. Eight prmt on
+    the GPU; shifts and masks under the simulator."""
+    prmt = byte_perm()
+    if prmt is None:
+        @cuda.jit(device=True, inline=True)
+        def col(a0, a1, a2, a3, m):
+            s = uint32(8 * m)
+            f = uint32(0xFF)
+            return (((a0 >> s) & f) | (((a1 >> s) & f) << uint32(8)) | (((a2 >> s) & f) << uint32(16))
+                    | (((a3 >> s) & f) << uint32(24)))
+
+        @cuda.jit(device=True, inline=True)
+        def transpose4(a0, a1, a2, a3):
+            return col(a0, a1, a2, a3, 0), col(a0, a1, a2, a3, 1), col(a0, a1, a2, a3, 2), col(a0, a1, a2, a3, 3)
+        return transpose4
+
+    @cuda.jit(device=True, inline=True)
+    def transpose4(a0, a1, a2, a3):
+        t0 = prmt(a0, a1, uint32(0x5140))  # (a0.0, a1.0, a0.1, a1.1)
+        t1 = prmt(a0, a1, uint32(0x7362))  # (a0.2, a1.2, a0.3, a1.3)
+        t2 = prmt(a2, a3, uint32(0x5140))
+        t3 = prmt(a2, a3, uint32(0x7362))
+        return (prmt(t0, t2, uint32(0x5410)), prmt(t0, t2, uint32(0x7632)),
+                prmt(t1, t3, uint32(0x5410)), prmt(t1, t3, uint32(0x7632)))
+    return transpose4
+
+
+def census8_kernel_for(wx, wy):
+    """The census kernel of one window size for a pair of 8-bit images (grid: blocks of
+    CENSUS_BLOCK threads, each thread four neighbouring pixels of a row, so a block
+    covers 4 bx x by pixels; z = 0 the left image, 1 the right). The block's pixels and
+    their window margins are read once into shared memory as bytes, four to a word, and
+    a thread compares the four pixels with one neighbour offset at once: the
+    neighbours' four bytes are one funnel shift of two words, and "darker than the
+    centre" for four bytes at once is the borrow out of each byte of neighbour -
+    centre (SWAR: the low seven bits' difference without borrows across bytes, then the
+    top bits), about six instructions for four comparisons where the float kernel
+    spends about five on each. Each comparison's four bits go to the byte of the string
+    they belong to (one accumulator word a string byte, a byte a pixel), and a byte
+    transpose at the end makes the four strings. Bit for bit census_at's strings (the
+    comparison of 8-bit values is exact either way)."""
+    key = ("u8", wx, wy)
+    if key in _CENSUS_KERNELS:
+        return _CENSUS_KERNELS[key]
+    rx, ry = wx // 2, wy // 2
+    bx, by = CENSUS_BLOCK
+    nb = wx * wy - 1  # bits of a string: the first comparison is the highest
+    if nb > 64 or wy > CENSUS8_MAX_ROWS:
+        raise ValueError(f"census8_kernel_for: {wx}x{wy} is not a window it takes (at most 64 bits and "
+                         f"{CENSUS8_MAX_ROWS} rows)")
+    NB = (nb + 7) // 8  # bytes of a string
+    NW = (2 * rx + 3) // 4 + 1  # words of a window row a thread reads (its bytes 4 tx .. 4 tx + 2 rx + 3)
+    TWW = bx + NW - 1  # words of a tile row
+    th = by + 2 * ry
+    tsize = th * TWW
+    centre = ry * wx + rx  # the centre's place in the window, row by row
+    top_shift = uint32(8 * NB - nb)  # the highest string byte's bits end that much too high
+    transpose4 = _transpose4()
+
+    @cuda.jit(device=True, inline=True)
+    def window(wd, j, i):
+        """The four bytes of window row j at column offset i (of 0..2 rx) for the thread's
+        four pixels: bytes i..i+3 of the row's words."""
+        q = i // 4
+        r = i % 4
+        if r == 0:
+            return wd[j, q]
+        return uint32(((uint64(wd[j, q + 1]) << uint64(32)) | uint64(wd[j, q])) >> uint64(8 * r))
+
+    @cuda.jit(device=True, inline=True)
+    def compare_row(wd, j, c, k7, acc):
+        """Window row j's comparisons for the four pixels, its columns backwards (c: the
+        centres' bytes, k7: 0x80 - their low seven bits): comparison k sets string bit
+        nb - 1 - k, which comes in at the top of its byte's accumulator as the bits before
+        it move down one."""
+        for ii in range(wx):
+            i = wx - 1 - ii
+            idx = j * wx + i
+            if idx != centre:
+                k = idx if idx < centre else idx - 1
+                v = window(wd, j, i)
+                t = (v & _L7) + k7  # each byte's top bit: v's low seven bits >= the centre's
+                lt = (~v & c) | (~(v ^ c) & ~t)  # each byte's top bit: v < c
+                B = (nb - 1 - k) // 8
+                acc[B] = (acc[B] >> uint32(1)) | (lt & _H)
+
+    @cuda.jit(cache=CACHE)
+    def census8_kernel(img0, img1, out0, out1):
+        img = img0 if cuda.blockIdx.z == 0 else img1
+        out = out0 if cuda.blockIdx.z == 0 else out1
+        tile = cuda.shared.array(tsize, uint32)  # (flat: unsigned offsets)
+        wd = cuda.local.array((wy, NW), uint32)  # the thread's window rows (registers: constant indices)
+        acc = cuda.local.array(8, uint32)  # byte B of the strings, a byte a pixel
+        h, w = img.shape
+        tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+        x0 = cuda.blockIdx.x * (4 * bx) - rx  # image column of the tile's byte 0 (clamped at the borders)
+        y0 = cuda.blockIdx.y * by - ry
+        for e in range(ty * bx + tx, tsize, bx * by):
+            j = e // TWW
+            yy = min(max(y0 + j, 0), h - 1)
+            xb = x0 + 4 * (e - j * TWW)
+            word = uint32(0)
+            for b in range(4):
+                word |= uint32(img[yy, min(max(xb + b, 0), w - 1)]) << uint32(8 * b)
+            tile[uint32(e)] = word
+        cuda.syncthreads()
+        x = cuda.blockIdx.x * (4 * bx) + 4 * tx
+        y = cuda.blockIdx.y * by + ty
+        if y < h and x < w:
+            for j in range(wy):
+                for q in range(NW):
+                    wd[j, q] = tile[uint32((ty + j) * TWW + tx + q)]
+            c = window(wd, ry, rx)
+            k7 = _H - (c & _L7)  # 0x80 - the centre's low seven bits, each byte
+            for B in range(8):
+                acc[B] = uint32(0)
+            # the window's rows backwards, so that the string's bits come in ascending (one
+            # call a row: LLVM unrolls each row's loop, not a loop over rows, and acc must
+            # see constant indices to stay in registers)
+            compare_row(wd, wy - 1, c, k7, acc)
+            if wy > 1:
+                compare_row(wd, wy - 2, c, k7, acc)
+            if wy > 2:
+                compare_row(wd, wy - 3, c, k7, acc)
+            if wy > 3:
+                compare_row(wd, wy - 4, c, k7, acc)
+            if wy > 4:
+                compare_row(wd, wy - 5, c, k7, acc)
+            if wy > 5:
+                compare_row(wd, wy - 6, c, k7, acc)
+            if wy > 6:
+                compare_row(wd, wy - 7, c, k7, acc)
+            if wy > 7:
+                compare_row(wd, wy - 8, c, k7, acc)
+            if wy > 8:
+                compare_row(wd, wy - 9, c, k7, acc)
+            acc[NB - 1] = acc[NB - 1] >> top_shift
+            lo0, lo1, lo2, lo3 = transpose4(acc[0], acc[1], acc[2], acc[3])
+            hi0, hi1, hi2, hi3 = transpose4(acc[4], acc[5], acc[6], acc[7])
+            out[y, x] = (uint64(hi0) << uint64(32)) | uint64(lo0)
+            if x + 1 < w:
+                out[y, x + 1] = (uint64(hi1) << uint64(32)) | uint64(lo1)
+            if x + 2 < w:
+                out[y, x + 2] = (uint64(hi2) << uint64(32)) | uint64(lo2)
+            if x + 3 < w:
+                out[y, x + 3] = (uint64(hi3) << uint64(32)) | uint64(lo3)
+    _CENSUS_KERNELS[key] = census8_kernel
+    return census8_kernel
+
+
 @cuda.jit(device=True, inline=True)
 def _census_word(a, crow, xr0, w, tab, count):
     """`count` census costs packed in bytes: of the left string a against the right row's
@@ -120,27 +280,61 @@ def _popc2(a, b):
     return uint32(cuda.popc(uint32(v & uint64(0xFFFFFFFF)))) + uint32(cuda.popc(uint32(v >> uint64(32))))
 
 
-@cuda.jit(device=True, inline=True)
-def _census_byte(ham, mul, add, shift):
-    """census_scaled without its clamp at 255, exact for Hamming distances up to the
-    string's bits: census_scale_magic keeps (nbits * mul + add) >> shift within a byte
-    (test_census_volume_at_the_largest_hamming_distance), so the clamp never bites. An
-    instruction a cost fewer in a kernel bound by its instructions."""
-    return uint32(uint32(ham * mul + add) >> shift)
-
-
 _PX_KERNELS = {}
+
+
+@functools.lru_cache(maxsize=None)
+def census_scale_top(nbits):
+    """(mul, add) such that the top byte of h * mul + add (uint32, no overflow) is
+    census_scale(nbits)[h] for every Hamming distance h in 0..nbits: the cost is then a
+    multiply-add and a byte that prmt gathers with three others, where the CPU's magic
+    (census_scale_magic, shift 19 at 62 bits) needs a shift and a merge for each cost.
+    Found by search: the first mul (from 255 * 2**24 / nbits down and up) for which an
+    add fits every h's interval."""
+    t = _cost.census_scale(nbits)[:nbits + 1].astype(np.int64)
+    h = np.arange(nbits + 1, dtype=np.int64)
+    S = 1 << 24
+    m0 = 255 * S // nbits
+    for dm in range(0, 1 << 16):
+        for mul in (m0 - dm, m0 + dm):
+            lo = int(np.max(t * S - h * mul))
+            hi = int(np.min((t + 1) * S - h * mul))
+            if 0 <= lo < hi and nbits * mul + lo < 1 << 32:
+                return np.uint32(mul), np.uint32(lo)
+    raise ValueError(f"no top-byte form of the census scale for {nbits} bits")
+
+
+def _pack4():
+    """pack4(v0, v1, v2, v3): the top bytes of four words as one word, v0's lowest: three
+    prmt on the GPU; shifts and masks under the simulator."""
+    prmt = byte_perm()
+    if prmt is None:
+        @cuda.jit(device=True, inline=True)
+        def pack4(v0, v1, v2, v3):
+            return ((v0 >> uint32(24)) | ((v1 >> uint32(16)) & uint32(0xFF00)) | ((v2 >> uint32(8)) & uint32(0xFF0000))
+                    | (v3 & uint32(0xFF000000)))
+        return pack4
+
+    @cuda.jit(device=True, inline=True)
+    def pack4(v0, v1, v2, v3):
+        return prmt(prmt(v0, v1, uint32(0x7373)), prmt(v2, v3, uint32(0x7373)), uint32(0x5410))
+    return pack4
 
 
 def census_volume_px_kernel_for(nbits):
     """census_volume_px_kernel for census strings of nbits bits: the scale to cost units
-    (census_scale_magic) is compiled in as constants, so it stays 32-bit arithmetic (as
-    arguments, the variable shift made it 64-bit) and costs a multiply-add and a shift
-    instead of a lookup in shared memory (whose banks the lanes' Hamming distances hit at
-    random)."""
+    (census_scale_top) is compiled in as constants, so it stays 32-bit arithmetic (as
+    arguments, the variable shift made it 64-bit) and costs a multiply-add instead of a
+    lookup in shared memory (whose banks the lanes' Hamming distances hit at random)."""
     if nbits in _PX_KERNELS:
         return _PX_KERNELS[nbits]
-    mul, add, shift = _cost.census_scale_magic(nbits)
+    mul, add = census_scale_top(nbits)
+    pack4 = _pack4()
+
+    @cuda.jit(device=True, inline=True)
+    def scaled(a, b):
+        """The cost of strings a and b in the top byte (the bytes below: garbage)."""
+        return uint32(_popc2(a, b) * mul + add)
 
     @cuda.jit(cache=CACHE)
     def census_volume_px_kernel(cl, cr, min_d, vol8):
@@ -148,18 +342,18 @@ def census_volume_px_kernel_for(nbits):
         block per PX_TILE pixels of one row (grid: tiles, rows). The right strings the
         block meets are read once into shared memory; a thread's disparities read them at
         descending positions, its neighbours' at the next ones (no bank conflicts, no
-        padding). Each word of eight costs is built from two 32-bit halves, without bound
-        checks where all eight right pixels lie inside. The words go through shared memory
-        PX_CHUNK per pixel at a time, and the block writes them out a pixel's run of words
-        after another (coalesced). It replaced a kernel with a thread per word (a division
-        per word, a padded index and a bound check per cost: about 47 instructions a cost,
-        bound by the integer pipeline, ncu 83 %). H100, benchmarks/gpu.py's cost stage (this
-        and the census transform), ms before / after both changed: 741x500/64 0.086 / 0.062,
-        1242x375/128 0.151 / 0.100, 1920x1080/128 0.624 / 0.379, 1920x1080/256 1.012 /
-        0.592, 3840x2160/256 4.00 / 2.28 (this kernel alone at 4K: 2.54 against 4.00).
-        The scale to cost units as constants instead of a table in shared memory: H100,
-        kernel_times cost ms 1920x1080/128 0.379 -> 0.356, /256 0.592 -> 0.556,
-        3840x2160/256 2.28 -> 2.14 (ncu at 1920x1080/128: census 0.112, this 0.244)."""
+        padding). A chunk of PX_CHUNK words (eight costs each) whose right pixels all lie
+        inside takes an unrolled loop without bound checks, each word four costs' top
+        bytes gathered by prmt twice; the others check each cost. The words go through
+        shared memory PX_CHUNK per pixel at a time, and the block writes them out a
+        pixel's run of words after another (coalesced). It replaced a kernel with a thread
+        per word (a division per word, a padded index and a bound check per cost: about
+        47 instructions a cost, bound by the integer pipeline, ncu 83 %). H100,
+        benchmarks/gpu.py's cost stage (this and the census transform), ms before / after
+        both changed: 741x500/64 0.086 / 0.062, 1242x375/128 0.151 / 0.100, 1920x1080/128
+        0.624 / 0.379, 1920x1080/256 1.012 / 0.592, 3840x2160/256 4.00 / 2.28. The scale
+        to cost units as constants instead of a table in shared memory: 1920x1080/128
+        0.379 -> 0.356, /256 0.592 -> 0.556, 3840x2160/256 2.28 -> 2.14."""
         crs = cuda.shared.array(_PX_CODES, uint64)
         stage = cuda.shared.array(_PX_STAGE, uint64)
         left = cuda.local.array(PX_EACH, uint64)  # the thread's left strings (a register on the GPU)
@@ -176,43 +370,42 @@ def census_volume_px_kernel_for(nbits):
             x = x0 + i * PX_THREADS + tid
             left[i] = cl[y, x] if x < w else uint64(0)
         cuda.syncthreads()
-        for c0 in range(0, n8, PX_CHUNK):
+        n8i = int32(n8)
+        for c0 in range(0, n8i, PX_CHUNK):
             for i in range(PX_EACH):
                 px = i * PX_THREADS + tid  # the pixel's place in the tile
                 a = left[i]
                 dhi = int32(cst.right_x(x0 + px, min_d, 0))  # disparities with the right pixel inside: dlo..dhi
                 dlo = dhi - (w - 1)
                 top = uint32(px + nd - 1)  # the crs index of disparity index 0
-                for k in range(PX_CHUNK):
-                    wi = c0 + k
-                    if wi < n8:  # (the same for the whole block)
-                        d0 = int32(8 * wi)
-                        word = uint64(0)
-                        if d0 >= dlo and d0 + 7 <= dhi:
-                            jb = top - uint32(d0)
-                            lo = uint32(0)
-                            hi = uint32(0)
-                            for b in range(4):
-                                v = _census_byte(_popc2(a, crs[jb - uint32(b)]), mul, add, shift)
-                                lo |= v << uint32(8 * b)
-                            for b in range(4):
-                                v = _census_byte(_popc2(a, crs[jb - uint32(4 + b)]), mul, add, shift)
-                                hi |= v << uint32(8 * b)
-                            word = uint64(lo) | (uint64(hi) << uint64(32))
-                        else:
+                st = uint32(px * (PX_CHUNK + 1))
+                if c0 + PX_CHUNK <= n8i and 8 * c0 >= dlo and 8 * (c0 + PX_CHUNK) - 1 <= dhi:
+                    jc = top - uint32(8 * c0)
+                    for k in range(PX_CHUNK):
+                        jb = jc - uint32(8 * k)
+                        lo = pack4(scaled(a, crs[jb]), scaled(a, crs[jb - uint32(1)]),
+                                   scaled(a, crs[jb - uint32(2)]), scaled(a, crs[jb - uint32(3)]))
+                        hi = pack4(scaled(a, crs[jb - uint32(4)]), scaled(a, crs[jb - uint32(5)]),
+                                   scaled(a, crs[jb - uint32(6)]), scaled(a, crs[jb - uint32(7)]))
+                        stage[st + uint32(k)] = uint64(lo) | (uint64(hi) << uint64(32))
+                else:
+                    for k in range(PX_CHUNK):
+                        wi = c0 + k
+                        if wi < n8i:  # (the same for the whole block)
+                            word = uint64(0)
                             for b in range(8):
-                                d = d0 + b
+                                d = int32(8 * wi + b)
                                 v = uint64(OUTSIDE)
                                 if d >= dlo and d <= dhi:
-                                    v = uint64(_census_byte(_popc2(a, crs[top - uint32(d)]), mul, add, shift))
+                                    v = uint64(scaled(a, crs[top - uint32(d)]) >> uint32(24))
                                 word |= v << uint64(8 * b)
-                        stage[px * (PX_CHUNK + 1) + k] = word
+                            stage[st + uint32(k)] = word
             cuda.syncthreads()
             for r in range(PX_CHUNK * PX_EACH):
                 e = r * PX_THREADS + tid
                 p = e // PX_CHUNK
                 k = e % PX_CHUNK
-                if x0 + p < w and c0 + k < n8:
+                if x0 + p < w and c0 + k < n8i:
                     vol8[y, x0 + p, c0 + k] = stage[p * (PX_CHUNK + 1) + k]
             cuda.syncthreads()
     _PX_KERNELS[nbits] = census_volume_px_kernel
