@@ -7,7 +7,7 @@ import numpy as np
 from numba import cuda, float32, int32, uint32, uint64
 
 from ...stages import cost as _cost
-from .common import CACHE, OUTSIDE, SIM, _volume_index, byte_perm, device_twins
+from .common import _REGS, CACHE, OUTSIDE, SIM, _volume_index, byte_perm, device_twins
 
 cst = device_twins(_cost)  # the stage's shared arithmetic, as device functions
 
@@ -336,7 +336,7 @@ def census_volume_px_kernel_for(nbits):
         """The cost of strings a and b in the top byte (the bytes below: garbage)."""
         return uint32(_popc2(a, b) * mul + add)
 
-    @cuda.jit(cache=CACHE)
+    @cuda.jit(cache=CACHE, **_REGS("STEREOCLI_COST_REGS", 0))
     def census_volume_px_kernel(cl, cr, min_d, vol8):
         """The census volume with a thread per left pixel (D % 8 == 0, D <= TILE_MAX_D), a
         block per PX_TILE pixels of one row (grid: tiles, rows). The right strings the
@@ -353,7 +353,14 @@ def census_volume_px_kernel_for(nbits):
         both changed: 741x500/64 0.086 / 0.062, 1242x375/128 0.151 / 0.100, 1920x1080/128
         0.624 / 0.379, 1920x1080/256 1.012 / 0.592, 3840x2160/256 4.00 / 2.28. The scale
         to cost units as constants instead of a table in shared memory: 1920x1080/128
-        0.379 -> 0.356, /256 0.592 -> 0.556, 3840x2160/256 2.28 -> 2.14."""
+        0.379 -> 0.356, /256 0.592 -> 0.556, 3840x2160/256 2.28 -> 2.14. The unrolled
+        chunk and the top-byte scale (twenty-eighth session, with the 8-bit census
+        kernel): 0.350 -> 0.267, 0.549 -> 0.446, 2.098 -> 1.650. ncu at 1920x1080/128
+        then: this kernel 267 us (census8 56 us), issue slots 71 % busy, the ALU pipe 65 %
+        and the XU pipe (POPC) 62 % of their peaks, 30 % of the warps resident (94
+        registers). Capping the registers (STEREOCLI_COST_REGS) to fit more warps spills:
+        cost ms at 1920x1080/128, /256, 3840x2160/256 with no cap 0.267 / 0.443 / 1.647, 80
+        registers 0.268 / 0.446 / 1.655, 64 0.290 / 0.501 / 1.88, 56 0.280 / 0.479 / 1.79."""
         crs = cuda.shared.array(_PX_CODES, uint64)
         stage = cuda.shared.array(_PX_STAGE, uint64)
         left = cuda.local.array(PX_EACH, uint64)  # the thread's left strings (a register on the GPU)
