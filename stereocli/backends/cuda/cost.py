@@ -225,15 +225,11 @@ def census8_kernel_for(wx, wy):
             if wy > 8:
                 compare_row(wd, wy - 9, c, k7, acc)
             acc[NB - 1] = acc[NB - 1] >> top_shift
-            lo0, lo1, lo2, lo3 = transpose4(acc[0], acc[1], acc[2], acc[3])
-            hi0, hi1, hi2, hi3 = transpose4(acc[4], acc[5], acc[6], acc[7])
-            out[y, x] = (uint64(hi0) << uint64(32)) | uint64(lo0)
-            if x + 1 < w:
-                out[y, x + 1] = (uint64(hi1) << uint64(32)) | uint64(lo1)
-            if x + 2 < w:
-                out[y, x + 2] = (uint64(hi2) << uint64(32)) | uint64(lo2)
-            if x + 3 < w:
-                out[y, x + 3] = (uint64(hi3) << uint64(32)) | uint64(lo3)
+            lo = transpose4(acc[0], acc[1], acc[2], acc[3])
+            hi = transpose4(acc[4], acc[5], acc[6], acc[7])
+            for m in range(4):
+                if x + m < w:
+                    out[y, x + m] = (uint64(hi[m]) << uint64(32)) | uint64(lo[m])
     _CENSUS_KERNELS[key] = census8_kernel
     return census8_kernel
 
