@@ -129,7 +129,9 @@ def census8_kernel_for(wx, wy):
     spends about five on each. Each comparison's four bits go to the byte of the string
     they belong to (one accumulator word a string byte, a byte a pixel), and a byte
     transpose at the end makes the four strings. Bit for bit census_at's strings (the
-    comparison of 8-bit values is exact either way)."""
+    comparison of 8-bit values is exact either way). H100, ncu at 1920x1080, both
+    images: 56 us, the ALU pipe 86 % of its peak (the float kernel on the same images,
+    with their conversion to float: about twice that, an event-timed probe)."""
     key = ("u8", wx, wy)
     if key in _CENSUS_KERNELS:
         return _CENSUS_KERNELS[key]
