@@ -601,14 +601,13 @@ class CudaBackend:
         the kernel that compares four pixels at once, others through a float32 tile."""
         h, w = left.shape
         cl, cr = self._empty((h, w), np.uint64), self._empty((h, w), np.uint64)
-        bx, by = kcost.CENSUS_BLOCK
         if left.dtype == np.uint8 and right.dtype == np.uint8 and wy <= kcost.CENSUS8_MAX_ROWS:
-            census = kcost.census8_kernel_for(wx, wy)
-            self._launch(census, ((w + 4 * bx - 1) // (4 * bx), (h + by - 1) // by, 2), (bx, by), left, right, cl, cr)
+            census, per = kcost.census8_kernel_for(wx, wy), 4  # (four pixels a thread)
         else:
             tiled = left.dtype in (np.float32, np.uint8, np.uint16) and right.dtype == left.dtype
-            census = kcost.census_kernel_for(wx, wy, tiled)
-            self._launch(census, ((w + bx - 1) // bx, (h + by - 1) // by, 2), (bx, by), left, right, cl, cr)
+            census, per = kcost.census_kernel_for(wx, wy, tiled), 1
+        bx, by = kcost.CENSUS_BLOCK
+        self._launch(census, ((w + per * bx - 1) // (per * bx), (h + by - 1) // by, 2), (bx, by), left, right, cl, cr)
         return cl, cr
 
     def census_volume(self, left, right, min_d, ndisp, wx, wy):

@@ -1,7 +1,6 @@
 """Cost-volume kernels (stages/cost.py on the GPU): census transform and census volume (packed, popc), per-pixel differences, box means, finalisation to cost units, mutual-information table and histogram."""
 import functools
 import math
-import os
 
 import numpy as np
 
@@ -331,7 +330,6 @@ def census_volume_px_kernel_for(nbits):
         return _PX_KERNELS[nbits]
     mul, add = census_scale_top(nbits)
     pack4 = _pack4()
-    UNROLL = os.environ.get("STEREOCLI_COST_UNROLL", "1") == "1"  # (tuning)
 
     @cuda.jit(device=True, inline=True)
     def scaled(a, b):
@@ -369,8 +367,8 @@ def census_volume_px_kernel_for(nbits):
         PX_CHUNK == 0), so the indices are now two 32-bit values and a constant step:
         94 -> 64 registers (20 -> 32 warps a SM), no spills; cost ms at 1920x1080/128 and
         /256 0.267 -> 0.231 and 0.442 -> 0.387 (one call, before and after alternated;
-        3840x2160 not measured). The unrolled chunk (UNROLL, STEREOCLI_COST_UNROLL=0 for
-        a loop over the chunk's words: 72 registers) 0.231 against 0.235."""
+        3840x2160 not measured). A loop over the chunk's words instead of the unrolled
+        chunk (72 registers): 0.235 against 0.231."""
         crs = cuda.shared.array(_PX_CODES, uint64)
         stage = cuda.shared.array(_PX_STAGE, uint64)
         left = cuda.local.array(PX_EACH, uint64)  # the thread's left strings (a register on the GPU)
@@ -398,13 +396,13 @@ def census_volume_px_kernel_for(nbits):
                 dlo = dhi - (w - 1)
                 top = uint32(px + nd - 1)  # the crs index of disparity index 0
                 st = uint32(px * (PX_CHUNK + 1))
+                # a whole chunk whose right pixels all lie inside (so written, the kernel
+                # takes 64 registers; with c0 + PX_CHUNK <= n8i tested first, 66)
                 kn = min(int32(PX_CHUNK), n8i - c0)  # words of this chunk
                 fast = 8 * c0 >= dlo and 8 * (c0 + kn) - 1 <= dhi
-                if UNROLL:
-                    fast = fast and kn == PX_CHUNK
-                if fast:
+                if fast and kn == PX_CHUNK:
                     jc = top - uint32(8 * c0)
-                    for k in range(PX_CHUNK if UNROLL else kn):
+                    for k in range(PX_CHUNK):
                         jb = jc - uint32(8 * k)
                         lo = pack4(scaled(a, crs[jb]), scaled(a, crs[jb - uint32(1)]),
                                    scaled(a, crs[jb - uint32(2)]), scaled(a, crs[jb - uint32(3)]))
