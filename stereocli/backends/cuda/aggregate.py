@@ -547,6 +547,13 @@ SGM_HORIZONTAL_K8_MIN_CELLS = 1 << 27
 # / apart 2.524-2.532 / 2.130-2.131 (kernels 3.27-3.28 / 2.879); still not at the KITTI
 # size (1242x375/128/4 0.701-0.703 / 0.744-0.747) nor at 741x500/128/4 (0.435-0.436 /
 # 0.556-0.557). So from 2^27 cells. STEREOCLI_SGM_PAIRS_APART=auto|on|off.
+# Tried with the pairs apart and not kept (twenty-ninth session, H100, 1920x1080/128/4;
+# README): the horizontal pair selecting each pixel where its second walk completes the
+# sum (no selection kernel, nothing written there): pair + selection 3.53-3.78 ms
+# against 1.24 + 0.38, a whole warp doing one pixel's minima, uniqueness and finish
+# where the selection kernel's warp does eight; and, since a pair alone owns its
+# pixels, plain loads (issued ahead with the costs), adds and stores instead of the
+# atomic adds: aggregation 2.125 -> 3.717 ms.
 SGM_PAIRS_APART = os.environ.get("STEREOCLI_SGM_PAIRS_APART", "auto")
 SGM_PAIRS_APART_MIN_CELLS = 1 << 27
 
