@@ -184,10 +184,22 @@ def _ptx32(asm, sig):
 # ------------------------------------------------- two uint16 values in a uint32
 def byte_perm():
     """byte_perm(a, b, sel): PTX prmt.b32 (CUDA's __byte_perm): byte k of the result is
-    byte sel's nibble k of the eight bytes of (b, a), a's lowest first; one instruction.
-    The GPU only (None under the simulator)."""
+    byte sel's nibble k of the eight bytes of (b, a), a's lowest first (a nibble's top
+    bit: that byte's sign, replicated); one instruction. Under the simulator the same
+    permutation by shifts and masks, so that the tests there check the selectors."""
     if SIM:
-        return None
+        def prmt_twin(a, b, sel):  # (plain Python, called from the simulator's kernels: a
+            # simulated device function's call costs more than this whole permutation)
+            x = int(a) | (int(b) << 32)
+            r = 0
+            for k in range(4):
+                n = (int(sel) >> (4 * k)) & 0xF
+                v = (x >> (8 * (n & 7))) & 0xFF
+                if n & 8:
+                    v = 0xFF if v & 0x80 else 0
+                r |= v << (8 * k)
+            return uint32(r)
+        return prmt_twin
     from numba import types
     _prmt = _ptx32("prmt.b32 $0, $1, $2, $3;", types.uint32(types.uint32, types.uint32, types.uint32))
 

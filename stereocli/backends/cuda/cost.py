@@ -88,21 +88,8 @@ _L7 = uint32(0x7F7F7F7F)  # each byte's low seven bits
 
 def _transpose4():
     """transpose4(a0, a1, a2, a3): the 4x4 matrix of bytes (byte m of word B) transposed,
-    as four words: word m = (byte m of a0, of a1, of a2, of a3), a0's lowest. Eight prmt on
-    the GPU; shifts and masks under the simulator."""
+    as four words: word m = (byte m of a0, of a1, of a2, of a3), a0's lowest. Eight prmt."""
     prmt = byte_perm()
-    if prmt is None:
-        @cuda.jit(device=True, inline=True)
-        def col(a0, a1, a2, a3, m):
-            s = uint32(8 * m)
-            f = uint32(0xFF)
-            return (((a0 >> s) & f) | (((a1 >> s) & f) << uint32(8)) | (((a2 >> s) & f) << uint32(16))
-                    | (((a3 >> s) & f) << uint32(24)))
-
-        @cuda.jit(device=True, inline=True)
-        def transpose4(a0, a1, a2, a3):
-            return col(a0, a1, a2, a3, 0), col(a0, a1, a2, a3, 1), col(a0, a1, a2, a3, 2), col(a0, a1, a2, a3, 3)
-        return transpose4
 
     @cuda.jit(device=True, inline=True)
     def transpose4(a0, a1, a2, a3):
@@ -305,15 +292,8 @@ def census_scale_top(nbits):
 
 
 def _pack4():
-    """pack4(v0, v1, v2, v3): the top bytes of four words as one word, v0's lowest: three
-    prmt on the GPU; shifts and masks under the simulator."""
+    """pack4(v0, v1, v2, v3): the top bytes of four words as one word, v0's lowest: three prmt."""
     prmt = byte_perm()
-    if prmt is None:
-        @cuda.jit(device=True, inline=True)
-        def pack4(v0, v1, v2, v3):
-            return ((v0 >> uint32(24)) | ((v1 >> uint32(16)) & uint32(0xFF00)) | ((v2 >> uint32(8)) & uint32(0xFF0000))
-                    | (v3 & uint32(0xFF000000)))
-        return pack4
 
     @cuda.jit(device=True, inline=True)
     def pack4(v0, v1, v2, v3):
