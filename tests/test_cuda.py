@@ -324,6 +324,36 @@ def test_select_adds_the_sgm_directions(rng, ndisp):
         np.testing.assert_array_equal(g, w)
 
 
+@pytest.mark.parametrize("rows", [3, 64])
+@pytest.mark.parametrize("first", ["on", "off"])
+@pytest.mark.parametrize("together", [True, False])
+def test_selection_of_the_rows_the_bands_finish(rng, monkeypatch, together, first, rows):
+    """With SGM in bands the selection takes each range of rows as soon as both sweeps
+    have finished it, on side streams, while the bands go on (select.SELECT_WITH_BANDS):
+    the ranges cover every row once, and the maps are the CPU's (left, right,
+    confidence), with the horizontal pair before or beside the bands, the sweeps at
+    once or one after the other, and bands that do not divide the height."""
+    if not REAL_GPU and together:
+        pytest.skip("the simulator runs one stream")
+    from stereocli.backends.cuda import aggregate_bands as kband
+    from stereocli.backends.cuda import select as ksel
+    monkeypatch.setattr(kband, "BANDS", "on")
+    monkeypatch.setattr(kband, "BAND_ROWS", rows)
+    monkeypatch.setattr(kband, "HFIRST", first)
+    monkeypatch.setattr(kband, "SWEEPS_AT_ONCE", together)
+    monkeypatch.setattr(ksel, "SELECT_WITH_BANDS", "on")
+    h, w, n = (150, 71, 128) if REAL_GPU else (7, 9, 8)
+    C = rng.integers(0, 256, (h, w, n)).astype(np.uint8)
+    G = rng.integers(0, 256, (h, w)).astype(np.uint8)
+    P = GPU.sgm(GPU.upload(C), GPU.upload(G), 20, 200, True, 8)
+    covered = sorted((y0, y1) for y0, y1, _ in P.ready)
+    assert [y for y0, y1 in covered for y in range(y0, y1)] == list(range(h))
+    got = select_on_gpu(P, -2, 10.0, True, True, True)
+    want = CPU.select(CPU.sgm(C, G, 20, 200, True, 8), -2, 10.0, True, True, True)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
 @pytest.mark.skipif(not REAL_GPU, reason="needs a real GPU: wide rows, many disparities")
 @pytest.mark.parametrize("w,ndisp,min_d", [(4500, 64, -20), (300, 256, 0), (2100, 128, -3), (200, 136, 5),
                                            (200, 130, 5), (5000, 40, 30)])

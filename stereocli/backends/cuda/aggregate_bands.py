@@ -36,6 +36,7 @@ horizontal pair at 8 disparities a lane (twenty-second): 7.25 and 28.26 ms, and
 (1920x1080/256 with 16 / 32 / 64 rows, bands alone: 5.9 / 5.7 / 5.4-5.8 ms); loading two
 or three rows ahead instead of one was slower.
 """
+import functools
 import os
 
 import numpy as np
@@ -131,6 +132,29 @@ def band_rows(h: int, ys: int, dy: int, R: int) -> int:
 
 
 _band_rows = cuda.jit(device=True, inline=True)(band_rows)  # the kernel's twin
+
+
+@functools.lru_cache(maxsize=64)
+def finished_rows(h: int, R: int, order: tuple) -> list:
+    """The rows of the sum in the order the bands finish them: [(y0, y1, [(b, k), ...])],
+    rows y0..y1 - 1 complete once the launches of the listed bands (band b of sweep k:
+    0 from above, 1 from below) have run, ordered by the last of those in `order` (the
+    bands' launches, in the order they are queued). Row y is in band y // R of the sweep
+    from above and band (h - 1 - y) // R of the one from below; runs of rows finished by
+    the same launch are one range; a range lists the last band of each sweep it waits
+    for (a sweep's bands run in order on its stream)."""
+    pos = {bk: i for i, bk in enumerate(order)}
+    cuts = sorted({0, h} | {b * R for b in range(1, (h + R - 1) // R)} | {h - b * R for b in range(1, (h + R - 1) // R)})
+    runs = []
+    for y0, y1 in zip(cuts, cuts[1:]):
+        bands = {(y0 // R, 0), ((h - 1 - y0) // R, 1)}
+        t = max(pos[b] for b in bands)
+        if runs and runs[-1][3] == t:
+            runs[-1] = (runs[-1][0], y1, runs[-1][2] | bands, t)
+        else:
+            runs.append((y0, y1, bands, t))
+    last = lambda bands: sorted((max(b for b, kk in bands if kk == k), k) for k in {k for _, k in bands})  # (a sweep's later bands follow its earlier ones)
+    return [(y0, y1, last(bands)) for y0, y1, bands, _ in sorted(runs, key=lambda r: r[3])]
 
 
 def walks(h: int, w: int, ys: int, dy: int, R: int) -> int:

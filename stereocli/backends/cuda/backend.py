@@ -138,9 +138,10 @@ class PathVolumes:
     STEREOCLI_SGM_SUM=volumes one uint16 volume per path direction; `vec`: uint16 values
     written as packed uint64 words."""
 
-    def __init__(self, sp, vec):
+    def __init__(self, sp, vec, ready=None):
         self.sp = sp
         self.vec = vec
+        self.ready = ready  # [(first row, end row, events)] in the order they finish (see CudaBackend.select), or None
 
     @property
     def shape(self):
@@ -703,13 +704,16 @@ class CudaBackend:
             self._sgm_lines(args, paths, "all", self.stream)
         elif first:
             self._sgm_lines(args, paths, "horizontal", self.stream, first_store=True, horizontal=True)
-            self._sgm_bands(c1, g1, h, w, n, p1, p2t, s1[0], vec)
+            return PathVolumes(sp, vec, self._sgm_bands(c1, g1, h, w, n, p1, p2t, s1[0], vec))
         else:  # the horizontal pair on a side stream, beside the bands
             side = self._side_streams(1)[0]
             self._fork([side])
             self._sgm_lines(args, paths, "horizontal", side, horizontal=True)
-            self._sgm_bands(c1, g1, h, w, n, p1, p2t, s1[0], vec)
+            horizontal_done = self._event()
+            horizontal_done.record(side)
+            ready = self._sgm_bands(c1, g1, h, w, n, p1, p2t, s1[0], vec)
             self._join([side])
+            return PathVolumes(sp, vec, ready and [(y0, y1, events + [horizontal_done]) for y0, y1, events in ready])
         return PathVolumes(sp, vec)
 
     def _sgm_lines(self, args, paths, part, stream, first_store=False, horizontal=False):
@@ -754,11 +758,13 @@ class CudaBackend:
         if not at_once:
             turns[1] = turns[0]  # the sweep from below after the one from above, in the same carry
         streams = [self.stream, self.stream]
+        overlap = ksel.select_with_bands(h * w * n)
         if at_once:
             streams[1] = self._side_streams(2)[1]
             self._fork(streams[1:])  # the volume, the sum and what came before on the main stream
         nb = (h + R - 1) // R
         order = [(b, k) for b in range(nb) for k in (0, 1)] if at_once else [(b, k) for k in (0, 1) for b in range(nb)]
+        done = {}
         for b, k in order:
             dy = 1 - 2 * k
             ys = b * R if dy > 0 else h - 1 - b * R
@@ -766,8 +772,15 @@ class CudaBackend:
             (c_in, m_in), (c_out, m_out) = turns[k][(b + 1) & 1], turns[k][b & 1]  # (b == 0: c_in unread)
             self._launcher.launch(kernel, blocks, threads, streams[k], c1, g1, h, w, n, p1, p2t, s1, ys, R, dy,
                                   c_in, m_in, c_out, m_out, b == 0)
+            if overlap:
+                done[b, k] = self._event()
+                done[b, k].record(streams[k])
         if at_once:
             self._join(streams[1:])
+        if not overlap:
+            return None
+        return [(y0, y1, [done[b, k] for b, k in bands])
+                for y0, y1, bands in kband.finished_rows(h, R, tuple(order))]
 
     def mgm(self, vol, guide, p1, p2, adaptive, paths):
         """More Global Matching: a launch per pass (kagg._make_mgm_kernel: tiles of lines
@@ -883,10 +896,21 @@ class CudaBackend:
         out = self._empty((h, w), np.float32)
         out_r = self._empty((h, w), np.float32) if right else out
         out_c = self._empty((h, w), np.float32) if confidence else out
-        grid = ((w + ksel.SELECT_SEGMENT - 1) // ksel.SELECT_SEGMENT, h)
-        self._launch(ksel.select_kernel_for(vec, n, V.shape[0]), grid, kc.SGM_LANES * ksel.SELECT_WARPS,
-                     V, V.shape[0], w, n, min_d, np.float32(uniqueness), bool(subpixel), bool(right),
-                     bool(confidence), out, out_r, out_c)
+        kernel = ksel.select_kernel_for(vec, n, V.shape[0])
+        args = (V, V.shape[0], w, n, min_d, np.float32(uniqueness), bool(subpixel), bool(right), bool(confidence),
+                out, out_r, out_c)
+        segs, threads = (w + ksel.SELECT_SEGMENT - 1) // ksel.SELECT_SEGMENT, kc.SGM_LANES * ksel.SELECT_WARPS
+        ready = getattr(agg, "ready", None)
+        if not ready:
+            self._launcher.launch(kernel, (segs, h), threads, self.stream, *args, np.int32(0))
+        else:  # rows as SGM finishes them, on side streams by turns, while it goes on with the others
+            sides = self._side_streams(2 + ksel.SELECT_STREAMS)[2:]
+            for i, (y0, y1, events) in enumerate(ready):
+                side = sides[i % len(sides)]
+                for e in events:
+                    e.wait(side)
+                self._launcher.launch(kernel, (segs, y1 - y0), threads, side, *args, np.int32(y0))
+            self._join(sides)
         return out, (out_r if right else None), (out_c if confidence else None)
 
     # ------------------------------------------------------------ refinement

@@ -19,6 +19,30 @@ sel = device_twins(_sel)  # the stage's shared arithmetic, as device functions
 # 0.161, 1920x1080/128 0.723 / 0.668 / 0.672, 1920x1080/256 1.424 / 1.310 / 1.304,
 # 3840x2160/256 4.91 / 4.73 / 4.77. STEREOCLI_SELECT_WARPS sets it (tuning).
 SELECT_WARPS = 1 if SIM else int(os.environ.get("STEREOCLI_SELECT_WARPS", "16"))
+# With SGM in bands (aggregate_bands), the rows the bands have finished are selected
+# while the bands go on with the others (CudaBackend.select; the middle rows finish
+# first, once both sweeps have passed them), each range's launch on one of
+# SELECT_STREAMS side streams by turns. H100, benchmarks/gpu.py kernel ms, after the
+# bands / overlapped (thirtieth session, three rounds): 1920x1080/256/8 6.80-6.83 /
+# 6.62-6.65, 3840x2160/256/8 26.63-26.81 / 25.90-25.97; the bands lose part of what the
+# selection gains (aggregation 5.67 -> 6.04-6.09 ms, 22.5 -> 23.7-24.2), and below 2^28
+# cells they lose all of it (1920x1080/128/8 3.59-3.60 / 3.61-3.65). The ranges' launches
+# on one stream ran one after another, each a block's time (6.80 -> 7.67 ms); on 8
+# streams 6.71; with the bands on streams of the greatest priority the selection waited
+# for them (6.91-6.93). STEREOCLI_SELECT_OVERLAP=auto|on|off.
+SELECT_WITH_BANDS = os.environ.get("STEREOCLI_SELECT_OVERLAP", "auto")
+SELECT_WITH_BANDS_MIN_CELLS = 1 << 28
+SELECT_STREAMS = int(os.environ.get("STEREOCLI_SELECT_STREAMS", "4"))
+
+
+def select_with_bands(cells):
+    """Whether the selection follows SGM's bands over `cells` cells (W x H x D) as they
+    finish rows (SELECT_WITH_BANDS)."""
+    if SELECT_WITH_BANDS in ("on", "off"):
+        return SELECT_WITH_BANDS == "on"
+    return cells >= SELECT_WITH_BANDS_MIN_CELLS
+
+
 SELECT_SEGMENT = 4096  # right pixels per block (their running minima live in shared memory)
 NO_KEY = 0x7FFFFFFF
 KEY_SHIFT = 15  # key = cost << KEY_SHIFT | d: costs below 2**16 and d below 2**15 fill a positive int32
@@ -108,13 +132,15 @@ def _make_select_kernel(vec, HOLD, P, WARPS, ONE, cc):
         return int32((acc >> uint64(16 * (d & 3))) & uint64(0xFFFF))
 
     @cuda.jit(cache=CACHE, **_REGS("STEREOCLI_SELECT_REGS", 64))  # 4 blocks per SM, not 3: 15 % faster
-    def select_kernel(V, nv, wd, n, min_d, uniqueness, subpixel, right, confidence, out, out_r, out_c):
+    def select_kernel(V, nv, wd, n, min_d, uniqueness, subpixel, right, confidence, out, out_r, out_c, y0):
+        """Rows y0, y0 + 1, ... (a block per row and segment of columns): every row, or
+        the rows of the bands of SGM that have finished (CudaBackend.select)."""
         # the right pixels' keys, the segment's last column first: a read's four cells
         # then go to ascending slots, at constant offsets from the first one's address
         rkey = cuda.shared.array(SELECT_SEGMENT, int32)
         scratch = cuda.shared.array((WARPS, SGM_LANES), int32)  # the simulator's exchange
         held = cuda.local.array(HOLD, uint64)
-        y = cuda.blockIdx.y
+        y = int32(cuda.blockIdx.y + y0)
         a = cuda.blockIdx.x * SELECT_SEGMENT  # this block's columns a..b-1
         b = min(a + SELECT_SEGMENT, wd)
         tid = cuda.threadIdx.x
