@@ -99,7 +99,9 @@ def kernel_times(bk, left, right, ndisp, paths, repeat, hold=True):
     round, so the events time the kernels alone, back to back (as libSGM's C++ launches
     them); without it they also time the gaps in which the GPU waits for the next launch
     (0.1-0.3 ms a round at the smaller sizes). A round whose launches outlast the hold
-    is not counted."""
+    is not counted. Where the selection follows SGM's bands (select.select_with_bands),
+    most of it runs inside the aggregation's span and "select" is what is left after
+    the last band; the total is the figure to compare."""
     from numba import cuda
     hold = hold and not numba.config.ENABLE_CUDASIM
     hold_kernel = _hold_kernel() if hold else None
