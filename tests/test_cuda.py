@@ -709,6 +709,30 @@ def test_replayed_graphs_give_each_pair_its_own_map(rng, overrides):
     assert not any(isinstance(g, graphs.Graph) for g in plain._graphs.values())
 
 
+@pytest.mark.skipif(not REAL_GPU, reason="graphs are off under the simulator")
+@pytest.mark.parametrize("first", ["on", "off"])
+def test_replayed_graphs_keep_the_selection_that_follows_the_bands(rng, monkeypatch, first):
+    """A match whose selection follows SGM's bands (select.SELECT_WITH_BANDS: launches on
+    side streams that wait on each band's event, and on the horizontal pair's beside the
+    bands) is captured and replayed like any other: every replay gives the CPU's map."""
+    from stereocli.backends.cuda import aggregate_bands as kband
+    from stereocli.backends.cuda import graphs
+    from stereocli.backends.cuda import select as ksel
+    monkeypatch.setattr(kband, "BANDS", "on")
+    monkeypatch.setattr(kband, "BAND_ROWS", 16)
+    monkeypatch.setattr(kband, "HFIRST", first)
+    monkeypatch.setattr(ksel, "SELECT_WITH_BANDS", "on")
+    bk = CudaBackend()
+    params = config.load("default", None, {"num_disparities": 128})
+    scenes = [tuple(np.clip(a, 0, 255).astype(np.uint8) for a in textured_pair(h=90, w=300, shift=s, seed=s))
+              for s in (5, 9)]
+    for i in (0, 1, 0, 1, 0):
+        got = pipeline.run(*scenes[i], params, bk)
+        want = pipeline.run(*scenes[i], params, CPU)
+        assert same_maps(got.disparity, want.disparity).all()
+    assert any(isinstance(g, graphs.Graph) for g in bk._graphs.values())
+
+
 def test_non_finite_input_pixels_give_the_same_invalid_map_on_both_devices():
     left, right = textured_pair(h=24, w=36, shift=3, seed=13)
     left[5, 10] = np.nan
