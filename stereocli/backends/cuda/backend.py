@@ -678,7 +678,10 @@ class CudaBackend:
         per direction; 2-10 % more kernel time at 1920x1080, less at the KITTI size: see
         aggregate.SGM_ATOMIC). 8 paths at large sizes: the six vertical and diagonal paths
         in bands (aggregate_bands) and the horizontal pair beside or before them; 4 paths
-        at large sizes: the vertical pair, then the horizontal pair (aggregate.pairs_apart)."""
+        at large sizes: the vertical pair, then the horizontal pair (aggregate.pairs_apart).
+        With bands, from select.SELECT_WITH_BANDS_MIN_CELLS, the result lists the ranges
+        of rows in the order the bands finish them, each with the events to wait for
+        (PathVolumes.ready), so that the selection can start before the last band."""
         h, w, n = vol.shape
         if n > kc.MAX_SGM_DISPARITIES:
             raise StereoError(f"the CUDA SGM handles at most {kc.MAX_SGM_DISPARITIES} disparities, not {n}; "
@@ -884,7 +887,10 @@ class CudaBackend:
     # ------------------------------------------------------------ selection
     def select(self, agg, min_d, uniqueness, subpixel, right, confidence=False):
         """(left disparity, right disparity or None, confidence or None) from an aggregated
-        volume or the PathVolumes of sgm, in one pass (select._make_select_kernel)."""
+        volume or the PathVolumes of sgm, in one pass (select._make_select_kernel). Where
+        sgm's bands listed the ranges of rows as they finish them (PathVolumes.ready,
+        select.select_with_bands), each range is selected on a side stream once its bands
+        have run, and the main stream waits for all of them."""
         if isinstance(agg, PathVolumes):
             V, vec = self._rows(agg.sp, agg.vec), agg.vec
         else:
