@@ -144,17 +144,18 @@ def finished_rows(h: int, R: int, order: tuple) -> list:
     the same launch are one range; a range lists the last band of each sweep it waits
     for (a sweep's bands run in order on its stream)."""
     pos = {bk: i for i, bk in enumerate(order)}
-    cuts = sorted({0, h} | {b * R for b in range(1, (h + R - 1) // R)} | {h - b * R for b in range(1, (h + R - 1) // R)})
-    runs = []
+    nb = (h + R - 1) // R
+    cuts = sorted({0, h} | {b * R for b in range(1, nb)} | {h - b * R for b in range(1, nb)})
+    runs = []  # [y0, y1, {sweep: its last band}, position of the last launch]
     for y0, y1 in zip(cuts, cuts[1:]):
-        bands = {(y0 // R, 0), ((h - 1 - y0) // R, 1)}
-        t = max(pos[b] for b in bands)
+        last = {0: y0 // R, 1: (h - 1 - y0) // R}
+        t = max(pos[b, k] for k, b in last.items())
         if runs and runs[-1][3] == t:
-            runs[-1] = (runs[-1][0], y1, runs[-1][2] | bands, t)
+            runs[-1][1] = y1
+            runs[-1][2] = {k: max(b, runs[-1][2][k]) for k, b in last.items()}
         else:
-            runs.append((y0, y1, bands, t))
-    last = lambda bands: sorted((max(b for b, kk in bands if kk == k), k) for k in {k for _, k in bands})  # (a sweep's later bands follow its earlier ones)
-    return [(y0, y1, last(bands)) for y0, y1, bands, _ in sorted(runs, key=lambda r: r[3])]
+            runs.append([y0, y1, last, t])
+    return [(y0, y1, sorted((b, k) for k, b in last.items())) for y0, y1, last, _ in sorted(runs, key=lambda r: r[3])]
 
 
 def walks(h: int, w: int, ys: int, dy: int, R: int) -> int:

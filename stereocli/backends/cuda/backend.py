@@ -712,11 +712,13 @@ class CudaBackend:
             side = self._side_streams(1)[0]
             self._fork([side])
             self._sgm_lines(args, paths, "horizontal", side, horizontal=True)
-            horizontal_done = self._event()
-            horizontal_done.record(side)
             ready = self._sgm_bands(c1, g1, h, w, n, p1, p2t, s1[0], vec)
+            if ready:  # every range waits for the pair too (side holds nothing after it)
+                horizontal_done = self._event()
+                horizontal_done.record(side)
+                ready = [(y0, y1, events + [horizontal_done]) for y0, y1, events in ready]
             self._join([side])
-            return PathVolumes(sp, vec, ready and [(y0, y1, events + [horizontal_done]) for y0, y1, events in ready])
+            return PathVolumes(sp, vec, ready)
         return PathVolumes(sp, vec)
 
     def _sgm_lines(self, args, paths, part, stream, first_store=False, horizontal=False):
@@ -892,9 +894,9 @@ class CudaBackend:
         select.select_with_bands), each range is selected on a side stream once its bands
         have run, and the main stream waits for all of them."""
         if isinstance(agg, PathVolumes):
-            V, vec = self._rows(agg.sp, agg.vec), agg.vec
+            V, vec, ready = self._rows(agg.sp, agg.vec), agg.vec, agg.ready
         else:
-            V, vec = agg.reshape(1, agg.size), False
+            V, vec, ready = agg.reshape(1, agg.size), False, None
         h, w, n = agg.shape
         if n > 1 << ksel.KEY_SHIFT:  # key = cost << KEY_SHIFT | d, cost < 2**16
             raise StereoError(f"the CUDA selection takes at most {1 << ksel.KEY_SHIFT} disparities, not {n}; "
@@ -906,7 +908,6 @@ class CudaBackend:
         args = (V, V.shape[0], w, n, min_d, np.float32(uniqueness), bool(subpixel), bool(right), bool(confidence),
                 out, out_r, out_c)
         segs, threads = (w + ksel.SELECT_SEGMENT - 1) // ksel.SELECT_SEGMENT, kc.SGM_LANES * ksel.SELECT_WARPS
-        ready = getattr(agg, "ready", None)
         if not ready:
             self._launcher.launch(kernel, (segs, h), threads, self.stream, *args, np.int32(0))
         else:  # rows as SGM finishes them, on side streams by turns, while it goes on with the others
