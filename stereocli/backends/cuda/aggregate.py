@@ -6,7 +6,8 @@ from numba import cuda, int32, uint16, uint32, uint64
 
 from ...stages import aggregate as _agg
 from .common import (_REGS, BIG, CACHE, LLVM_INLINE, SGM_K, SGM_LANES, SGM_WARPS, SIM, _volume_index, atomic_add_at,
-                     byte_perm, from_lane_above, from_lane_below, group_min_for, min_u16x2_for, warp_min, device_twins)
+                     auto_on_off, byte_perm, from_lane_above, from_lane_below, group_min_for, min_u16x2_for, warp_min,
+                     device_twins)
 
 agg = device_twins(_agg)  # the stage's shared arithmetic, as device functions
 
@@ -561,9 +562,7 @@ SGM_PAIRS_APART_MIN_CELLS = 1 << 27
 def pairs_apart(paths, cells):
     """Whether SGM over 4 paths and `cells` cells (W x H x D) runs the vertical pair
     first, then the horizontal pair (SGM_PAIRS_APART)."""
-    if paths != 4 or SGM_PAIRS_APART == "off":
-        return False
-    return SGM_PAIRS_APART == "on" or cells >= SGM_PAIRS_APART_MIN_CELLS
+    return paths == 4 and auto_on_off(SGM_PAIRS_APART, cells >= SGM_PAIRS_APART_MIN_CELLS)
 
 
 def _line_k(ndisp, horizontal, cells):

@@ -42,7 +42,8 @@ import os
 import numpy as np
 from numba import cuda, int32, uint32, uint64
 
-from .common import _REGS, BIG, CACHE, SGM_LANES, SGM_WARPS, SIM, atomic_add_at, from_lane, group_min3_for, min_u16x2_for
+from .common import (_REGS, BIG, CACHE, SGM_LANES, SGM_WARPS, SIM, atomic_add_at, auto_on_off, from_lane, group_min3_for,
+                     min_u16x2_for)
 
 L = SGM_LANES  # lanes of a warp (the simulator: 1, or STEREOCLI_SIM_LANES)
 # Lanes of a walk at 128 disparities: 16 (two columns a warp, 2 words a lane) or 32 (one
@@ -78,11 +79,9 @@ def use_bands(n: int, paths: int, cells: int, vec: bool) -> bool:
     """Whether SGM over `paths` directions with n disparities runs in bands: 8 paths, n a
     multiple of 4 lanes' words, and ("auto") a count of BAND_MIN_CELLS on at least its
     number of cells of a GPU's packed sum volume."""
-    if paths != 8 or n % (4 * L) or BANDS == "off":
+    if paths != 8 or n % (4 * L):
         return False
-    if BANDS == "on":
-        return True
-    return not SIM and vec and cells >= BAND_MIN_CELLS.get(n, 1 << 62)
+    return auto_on_off(BANDS, not SIM and vec and cells >= BAND_MIN_CELLS.get(n, 1 << 62))
 
 
 def horizontal_first(cells: int) -> bool:
@@ -94,9 +93,7 @@ def horizontal_first(cells: int) -> bool:
     1920x1080/128/8 3.18-3.20 / 3.67-3.69, 1920x1080/256/8 6.30-6.36 / 6.15-6.18,
     3840x2160/128/8 13.4 / 12.27-12.32, 3840x2160/256/8 26.7 / 22.98-22.99.
     STEREOCLI_SGM_HFIRST=auto|on|off."""
-    if HFIRST in ("on", "off"):
-        return HFIRST == "on"
-    return cells >= HFIRST_MIN_CELLS
+    return auto_on_off(HFIRST, cells >= HFIRST_MIN_CELLS)
 
 
 def walk_lanes(n: int) -> int:

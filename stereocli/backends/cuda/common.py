@@ -68,6 +68,14 @@ def _REGS(var, default=0):
     return {"max_registers": r} if r and not SIM else {}
 
 
+def auto_on_off(setting: str, auto: bool) -> bool:
+    """A launch choice with a tuning knob (STEREOCLI_..._=auto|on|off, read into a module
+    constant that tests may set): "on" or "off" as told, anything else the measured
+    rule's answer `auto` (pairs_apart, use_bands, horizontal_first, select_with_bands)."""
+    if setting in ("on", "off"):
+        return setting == "on"
+    return auto
+
 
 SIM = bool(config.ENABLE_CUDASIM)
 LLVM_INLINE = _llvm_inline()

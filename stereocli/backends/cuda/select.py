@@ -6,7 +6,8 @@ from numba import cuda, float32, int32, uint32, uint64
 
 from ...stages import cost as _cost
 from ...stages import select as _sel
-from .common import _REGS, CACHE, SGM_LANES, SIM, from_lane, group_min_for, min_u16x2_for, warp_min, device_twins
+from .common import (_REGS, CACHE, SGM_LANES, SIM, auto_on_off, from_lane, group_min_for, min_u16x2_for, warp_min,
+                     device_twins)
 
 cst = device_twins(_cost)  # the stage's shared arithmetic, as device functions
 sel = device_twins(_sel)  # the stage's shared arithmetic, as device functions
@@ -38,9 +39,7 @@ SELECT_STREAMS = int(os.environ.get("STEREOCLI_SELECT_STREAMS", "4"))
 def select_with_bands(cells):
     """Whether the selection follows SGM's bands over `cells` cells (W x H x D) as they
     finish rows (SELECT_WITH_BANDS)."""
-    if SELECT_WITH_BANDS in ("on", "off"):
-        return SELECT_WITH_BANDS == "on"
-    return cells >= SELECT_WITH_BANDS_MIN_CELLS
+    return auto_on_off(SELECT_WITH_BANDS, cells >= SELECT_WITH_BANDS_MIN_CELLS)
 
 
 SELECT_SEGMENT = 4096  # right pixels per block (their running minima live in shared memory)
