@@ -752,7 +752,9 @@ class CudaBackend:
         into the flat sum s1: the bands from the top for the paths from above, and from
         the bottom for the paths from below, each band starting from the carry the band
         before left. kband.SWEEPS_AT_ONCE: the two sweeps run at once, the one from below
-        on a side stream with its own carry (their atomic adds commute)."""
+        on a side stream with its own carry (their atomic adds commute). Returns, when the
+        selection follows the bands (select.select_with_bands), the ranges of rows in the
+        order they finish with the events of the bands each waits for; else None."""
         R = kband.BAND_ROWS
         kernel, per_block, threads = kband.band_kernel_for(n, vec, kband.walks(h, w, 0, 1, R), kagg._sm_count())
         at_once = kband.SWEEPS_AT_ONCE and not kc.SIM
@@ -909,7 +911,7 @@ class CudaBackend:
                 out, out_r, out_c)
         segs, threads = (w + ksel.SELECT_SEGMENT - 1) // ksel.SELECT_SEGMENT, kc.SGM_LANES * ksel.SELECT_WARPS
         if not ready:
-            self._launcher.launch(kernel, (segs, h), threads, self.stream, *args, np.int32(0))
+            self._launch(kernel, (segs, h), threads, *args, np.int32(0))
         else:  # rows as SGM finishes them, on side streams by turns, while it goes on with the others
             sides = self._side_streams(2 + ksel.SELECT_STREAMS)[2:]
             for i, (y0, y1, events) in enumerate(ready):
