@@ -301,7 +301,7 @@ def select_on_gpu(agg, *args):
     return tuple(None if a is None else GPU.download(a) for a in GPU.select(agg, *args))
 
 
-@pytest.mark.parametrize("uniq,subpix", [(0.0, False), (10.0, True)])
+@pytest.mark.parametrize("uniq,subpix", [(0.0, False), (10.0, True), (0.0, True)])
 @pytest.mark.parametrize("min_d", [-1, 3, -12])  # (-12: right pixels no left pixel reaches)
 def test_select_bit_exact(rng, uniq, subpix, min_d):
     """Left and right winner-takes-all on an aggregated volume (uint16 and uint8)."""

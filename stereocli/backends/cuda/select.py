@@ -6,7 +6,7 @@ from numba import cuda, float32, int32, uint32, uint64
 
 from ...stages import cost as _cost
 from ...stages import select as _sel
-from .common import (_REGS, CACHE, SGM_LANES, SIM, auto_on_off, from_lane, group_min_for, min_u16x2_for, warp_min,
+from .common import (_REGS, CACHE, SGM_LANES, SIM, auto_on_off, group_min_for, min_u16x2_for, warp_min,
                      device_twins)
 
 cst = device_twins(_cost)  # the stage's shared arithmetic, as device functions
@@ -50,19 +50,11 @@ KEY_FIELD = 0x7FFF8000  # a 16-bit field's place in a key
 NO_RUNNER = _sel.NO_RUNNER  # the uniqueness runner-up when there is none (margin_confidence: 1)
 
 
-def _group_exchange(P):
-    """(min over a pixel's group of P lanes, the value of lane src of the group): warp
-    shuffles within aligned groups, every lane of the warp taking part; under the
-    simulator (P = SGM_LANES, one group a warp) the shared-memory twins."""
-    if SIM:
-        return warp_min, from_lane
-
-    gmin = group_min_for(P)
-
-    @cuda.jit(device=True, inline=True)
-    def gfrom(v, src, scratch, w, lane):
-        return cuda.shfl_sync(0xFFFFFFFF, v, int32(lane - lane % P + src))
-    return gmin, gfrom
+def _group_min(P):
+    """The min over a pixel's group of P lanes: warp shuffles within aligned groups, every
+    lane of the warp taking part; under the simulator (P = SGM_LANES, one group a warp)
+    the shared-memory twin."""
+    return warp_min if SIM else group_min_for(P)
 
 
 def _make_select_kernel(vec, HOLD, P, WARPS, ONE, cc):
@@ -77,8 +69,8 @@ def _make_select_kernel(vec, HOLD, P, WARPS, ONE, cc):
     pixels x of the same columns. A group of P lanes takes one left pixel (a warp
     32 / P of them side by side), its lanes striding over d: the key cost << KEY_SHIFT | d
     reduced with shuffles gives the smallest cost and its first index at once (the
-    CPU's tie rule), a second pass the uniqueness runner-up, the subpixel neighbours
-    come from the lanes holding them; the group's first lane ends with the CPU's
+    CPU's tie rule), a second pass the uniqueness runner-up and (vec) the subpixel
+    neighbours, each a group minimum; the group's first lane ends with the CPU's
     wta_finish. For the right image every (x, d) whose right pixel lies in the segment
     does an atomic min of the same key on that pixel's shared slot: the first d of the
     smallest cost, as the CPU's wta_right_at. Left pixels outside the segment (up to
@@ -86,7 +78,7 @@ def _make_select_kernel(vec, HOLD, P, WARPS, ONE, cc):
     LANES = SGM_LANES
     PIX = LANES // P  # pixels a warp takes at once
     PER = 4 if vec else 1  # disparities per read
-    gmin, gfrom = _group_exchange(P)
+    gmin = _group_min(P)
     min2 = min_u16x2_for(cc)
 
     @cuda.jit(device=True, inline=True)
@@ -118,17 +110,6 @@ def _make_select_kernel(vec, HOLD, P, WARPS, ONE, cc):
                 return int32(((half << uint32(KEY_SHIFT)) & uint32(KEY_FIELD)) | uint32(d))
             return int32(((half >> uint32(16 - KEY_SHIFT)) & uint32(KEY_FIELD)) | uint32(d))
         return int32(int32(acc) << KEY_SHIFT) | d
-
-    @cuda.jit(device=True, inline=True)
-    def held_value(held, d):
-        """This lane's candidate for cost d: field d % 4 of its held read (d // 4) // P
-        (the lane (d // 4) % P of the group holds the right one)."""
-        k = (d >> 2) // P
-        acc = uint64(0)
-        for kk in range(HOLD):
-            if kk == k:
-                acc = held[kk]
-        return int32((acc >> uint64(16 * (d & 3))) & uint64(0xFFFF))
 
     @cuda.jit(cache=CACHE, **_REGS("STEREOCLI_SELECT_REGS", 64))  # 4 blocks per SM, not 3: 15 % faster
     def select_kernel(V, nv, wd, n, min_d, uniqueness, subpixel, right, confidence, out, out_r, out_c, y0):
@@ -240,47 +221,74 @@ def _make_select_kernel(vec, HOLD, P, WARPS, ONE, cc):
             best = int32(kmin & KEY_MASK)
             bc = int32(kmin >> KEY_SHIFT)
             other = int32(NO_RUNNER)
-            if uniqueness > float32(0.0) or confidence:
-                below, above = int32(best - 1), int32(best + 1)
-                wmin = uint32(0xFFFFFFFF)  # (vec) the pairwise minima of the words clear of best
-                seen = False
-                for k in range(rounds):
-                    i = int32(gl + P * k)
-                    if there and i < reads:
-                        acc = held[k] if vec else read(V, nv, base, i)
-                        d0 = int32(PER * i)
-                        if full and vec and (d0 > above or d0 + 3 < below):
-                            # (a word whose four disparities are all clear: two 16-bit-pair minima,
-                            # one instruction each on Hopper. H100, kernel_times selection ms before
-                            # / after (twenty-third session): 1920x1080/128 0.422 / 0.405,
-                            # 1920x1080/256 0.847 / 0.805, 3840x2160/256 3.05 / 2.87)
-                            wmin = min2(wmin, min2(uint32(acc), uint32(acc >> uint64(32))))
-                            seen = True
-                        elif full:
-                            for j in range(PER):
-                                d = int32(d0 + j)
-                                if d < below or d > above:
-                                    other = min(other, value(acc, j))
-                        else:
-                            for j in range(PER):
-                                d = int32(PER * i + j)
-                                if d >= lo and d <= hi and (d < below or d > above):
-                                    other = min(other, value(acc, j))
-                if seen:
-                    other = min(other, int32(min(uint32(wmin & uint32(0xFFFF)), uint32(wmin >> uint32(16)))))
-                other = gmin(other, scratch, w, lane)
             c0 = int32(0)
             c2 = int32(0)
             inner = subpixel and best > lo and best < hi
-            if subpixel and vec:
-                dm = int32(min(max(best - 1, int32(0)), n1))  # (clamped: every lane shuffles)
-                dp = int32(min(max(best + 1, int32(0)), n1))
-                c0 = gfrom(held_value(held, dm), int32((dm >> 2) % P), scratch, w, lane)
-                c2 = gfrom(held_value(held, dp), int32((dp >> 2) % P), scratch, w, lane)
-                if not inner:
-                    c0 = int32(0)
-                    c2 = int32(0)
-            elif inner and gl == 0 and there:
+            need_other = uniqueness > float32(0.0) or confidence
+            below, above = int32(best - 1), int32(best + 1)
+            if vec and (need_other or subpixel):
+                # One pass over the held words for the uniqueness runner-up and the subpixel
+                # neighbours: a word clear of best - 1 .. best + 1 gives the runner-up alone, a
+                # word across it (one or two of the pixel's) is taken cost by cost. The
+                # neighbours then come from the group's minima. (They were fetched from the
+                # lane holding them by an index that put every held word in local memory:
+                # stored each pixel, loaded eight times; ncu at 1920x1080/128: 864 warp
+                # instructions a warp's round of pixels, 39 % of them overhead of local
+                # memory.)
+                n0 = int32(NO_RUNNER)
+                n2 = int32(NO_RUNNER)
+                wmin = uint32(0xFFFFFFFF)  # the pairwise minima of the words clear of best
+                seen = False
+                for k in range(HOLD):
+                    i = int32(gl + P * k)
+                    if there and i < reads:
+                        acc = held[k]
+                        d0 = int32(PER * i)
+                        if d0 > above or int32(d0 + 3) < below:
+                            if need_other:
+                                if full:
+                                    # (two 16-bit-pair minima, one instruction each on Hopper. H100,
+                                    # kernel_times selection ms before / after (twenty-third
+                                    # session): 1920x1080/128 0.422 / 0.405, 1920x1080/256 0.847 /
+                                    # 0.805, 3840x2160/256 3.05 / 2.87)
+                                    wmin = min2(wmin, min2(uint32(acc), uint32(acc >> uint64(32))))
+                                    seen = True
+                                else:
+                                    for j in range(PER):
+                                        d = int32(d0 + j)
+                                        if d >= lo and d <= hi:
+                                            other = min(other, value(acc, j))
+                        else:
+                            for j in range(PER):
+                                d = int32(d0 + j)
+                                v = value(acc, j)
+                                if d == below:
+                                    n0 = v
+                                elif d == above:
+                                    n2 = v
+                                elif need_other and d != best and d >= lo and d <= hi:
+                                    other = min(other, v)
+                if seen:
+                    other = min(other, int32(min(uint32(wmin & uint32(0xFFFF)), uint32(wmin >> uint32(16)))))
+                if need_other:
+                    other = gmin(other, scratch, w, lane)
+                if subpixel:
+                    n0 = gmin(n0, scratch, w, lane)
+                    n2 = gmin(n2, scratch, w, lane)
+                    if inner:
+                        c0 = n0
+                        c2 = n2
+            elif need_other:
+                for k in range(rounds):
+                    i = int32(gl + P * k)
+                    if there and i < reads:
+                        acc = read(V, nv, base, i)
+                        for j in range(PER):
+                            d = int32(PER * i + j)
+                            if d >= lo and d <= hi and (d < below or d > above):
+                                other = min(other, value(acc, j))
+                other = gmin(other, scratch, w, lane)
+            if not vec and inner and gl == 0 and there:
                 c0 = int32(read(V, nv, base, best - 1))
                 c2 = int32(read(V, nv, base, best + 1))
             if gl == 0 and there and x32 >= a and x32 < b:  # a pixel of this block: its left disparity
