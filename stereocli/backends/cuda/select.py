@@ -231,10 +231,10 @@ def _make_select_kernel(vec, HOLD, P, WARPS, ONE, cc):
                 # neighbours: a word clear of best - 1 .. best + 1 gives the runner-up alone, a
                 # word across it (one or two of the pixel's) is taken cost by cost. The
                 # neighbours then come from the group's minima. (They were fetched from the
-                # lane holding them by an index that put every held word in local memory:
-                # stored each pixel, loaded eight times; ncu at 1920x1080/128: 864 warp
-                # instructions a warp's round of pixels, 39 % of them overhead of local
-                # memory.)
+                # lane holding them by an index that put every held word in local memory,
+                # stored each pixel; ncu at 1920x1080/128: 864 warp instructions a warp's
+                # round of pixels, 39 % of the L1 requests local ones. Without them the
+                # kernel runs no faster: it waits on its loads, docs/speed.md.)
                 n0 = int32(NO_RUNNER)
                 n2 = int32(NO_RUNNER)
                 wmin = uint32(0xFFFFFFFF)  # the pairwise minima of the words clear of best
