@@ -515,8 +515,9 @@ def sgm_vertical_lines_cpu(C, guide, p1, p2tab, S, dx, per_task, threads):
 # 52.5, 1482x1000x128 44.3 / 64.1 / 60.4 (8 threads: 83.4 / 99.0 / 91.0); the
 # volumes up to 2^25 cells stay in its 300 MiB L3, and there the lines' single
 # direction per loop is the cheaper one. One thread, and two on the 2-core machine,
-# favour the tiles (or raster passes: at one thread they are the same walk). All give
-# the same sums.
+# favour the tiles (or raster passes: at one thread they are the same walk), and so do
+# 8 paths over 16 disparities at any count (TILES_MAX_DISPARITIES). All give the same
+# sums.
 LINES_MIN_THREADS = 4
 # Lines per block of sgm_vertical_lines_cpu: on the H100 machine's host, 16 threads,
 # 450x375x64, one direction's pass: 8 lines 1.15 ms, 16 0.79-0.86, 24 0.75-0.87, 32
@@ -533,9 +534,22 @@ def lines_per_task(h, w, dx, threads) -> int:
 
 
 LINES_MAX_CELLS = 1 << 25  # W*H*D
+# 8 paths over this many disparities or fewer keep the tiles at any thread count. There a
+# step's vector work is small beside its fixed work (guide values, minima, indices),
+# which the lines repeat for each of the three directions and the tiles share: one
+# thread, 384x288x16, lines 13.7-14.2 ms against tiles 5.3-5.8 (450x375x64: 18.1-20.6
+# against 16.9-18.3). H100 machine's host, random costs, the three vertical directions,
+# 16 threads, ms lines / tiles (B16, the default), two rounds (thirty-third session):
+# 384x288x16 2.43-2.54 / 2.08-2.14; 434x383x32 2.08-2.28 / 2.87-3.09 and 450x375x64
+# 2.67-2.96 / 3.30-3.65 (lines kept there).
+TILES_MAX_DISPARITIES = 16
 
 
-def vertical_by_lines(C) -> bool:
+def vertical_by_lines(C, paths=8) -> bool:
+    """Whether sgm_cpu runs the vertical sweeps of `paths` directions over the volume C
+    by lines (LINES_MIN_THREADS, LINES_MAX_CELLS, TILES_MAX_DISPARITIES)."""
+    if paths == 8 and C.shape[2] <= TILES_MAX_DISPARITIES:
+        return False
     return numba.get_num_threads() >= LINES_MIN_THREADS and C.size <= LINES_MAX_CELLS
 
 
@@ -561,7 +575,7 @@ def sgm_cpu(C, guide, p1, p2, adaptive, paths, by_lines=None, out=None, codes=No
     if paths in (4, 8):
         sgm_horizontal_cpu(C, guide, np.int32(p1), p2tab, S, numba.get_num_threads(), codes)
         dxs = [0] if paths == 4 else [0, 1, -1]
-        if vertical_by_lines(C) if by_lines is None else by_lines:
+        if vertical_by_lines(C, paths) if by_lines is None else by_lines:
             for dx in dxs:
                 threads = numba.get_num_threads()
                 sgm_vertical_lines_cpu(C, guide, np.int32(p1), p2tab, S, dx, lines_per_task(h, w, dx, threads),
