@@ -14,6 +14,7 @@ from numba import njit, prange
 
 from . import CACHE, shared
 from .cost import census_pixel_costs
+from .stack import STACK_ELEMENTS, stack_rows
 
 # (dx, dy): the previous pixel on the path is (x - dx, y - dy)
 DIRECTIONS = {
@@ -221,14 +222,32 @@ def sgm_horizontal_cpu(C, guide, p1, p2tab, S, tasks, codes=None):
 @njit(cache=CACHE, inline="always")
 def _horizontal_row(C, cy, guide, p1, p2tab, S, y):
     """sgm_horizontal_cpu's work on row y, its costs in row cy of C: S[y] = L(+x), then
-    S[y] += L(-x), each path's L at the previous pixel and this one in a small buffer
-    made here (passed in from the caller, LLVM no longer vectorised the loops over d).
-    From 64 disparities on a pixel's update indexes the arrays in place (_step); below,
-    it goes through 1-D views (_step_views). 2-core machine, one thread, this sweep: in
-    place, 16 and 32 disparities ran 3-4x as long as through views; through views, 64
-    and 128 ran 20-35 % longer than in place."""
+    S[y] += L(-x), each path's L at the previous pixel and this one in a small buffer on
+    the stack (stack.py; on the heap past STACK_ELEMENTS). H100 machine's host, this
+    sweep in the default pipeline (`profile_cpu.py`), heap -> stack, two rounds
+    alternated (thirty-third session), one thread: tsukuba 6.87 / 6.37 -> 2.94 / 5.33
+    ms, venus 6.28 / 10.33 -> 5.01 / 7.93, teddy 12.36 / 13.31 -> 7.44 / 10.68,
+    cones@741x500/64 28.4 / 28.8 -> 17.1 / 24.0 (a slow start of that host: its
+    figures swung by a third between rounds); 16 threads: 0.48 / 0.51 -> 0.34 / 0.37,
+    0.76 / 0.73 -> 0.55 / 0.58, 0.94 / 0.91 -> 0.73 / 0.73, 2.14 / 2.07 -> 1.70 / 1.82."""
+    n = S.shape[2]
+    if 2 * (n + 2) <= STACK_ELEMENTS:
+        _horizontal_walks(C, cy, guide, p1, p2tab, S, y, stack_rows(2, n + 2))
+    else:
+        _horizontal_walks(C, cy, guide, p1, p2tab, S, y, np.empty((2, n + 2), np.uint16))
+
+
+@njit(cache=CACHE, inline="always")
+def _horizontal_walks(C, cy, guide, p1, p2tab, S, y, buf):
+    """_horizontal_row's walks, with buf (2 rows of n + 2) for the path costs. From 64
+    disparities on a pixel's update indexes the arrays in place (_step); below, it goes
+    through 1-D views (_step_views). 2-core machine, one thread, this sweep: in place, 16
+    and 32 disparities ran 3-4x as long as through views; through views, 64 and 128 ran
+    20-35 % longer than in place."""
     _, w, n = S.shape
-    buf = np.full((2, n + 2), EDGE, np.uint16)
+    for j in range(n + 2):
+        buf[0, j] = EDGE
+        buf[1, j] = EDGE
     m = _start(C, cy, S, y, 0, buf, 0, True)
     src = 0
     for x in range(1, w):
