@@ -564,7 +564,7 @@ LINES_MAX_CELLS = 1 << 25  # W*H*D
 TILES_MAX_DISPARITIES = 16
 
 
-def vertical_by_lines(C, paths=8) -> bool:
+def vertical_by_lines(C, paths) -> bool:
     """Whether sgm_cpu runs the vertical sweeps of `paths` directions over the volume C
     by lines (LINES_MIN_THREADS, LINES_MAX_CELLS, TILES_MAX_DISPARITIES)."""
     if paths == 8 and C.shape[2] <= TILES_MAX_DISPARITIES:

@@ -32,7 +32,7 @@ def stack_rows(typingctx, rows, cols):
         intp = context.get_value_type(types.intp)
         nrows = context.cast(builder, nrows, signature.args[0], types.intp)
         ncols = context.cast(builder, ncols, signature.args[1], types.intp)
-        data = cgutils.alloca_once(builder, ir.IntType(16), size=STACK_ELEMENTS)  # (in the entry block: once a call)
+        data = cgutils.alloca_once(builder, ir.IntType(16), size=STACK_ELEMENTS)  # (in the entry block: one a call site)
         ary = make_array(arrty)(context, builder)
         itemsize = ir.Constant(intp, 2)
         populate_array(ary, data=data, shape=cgutils.pack_array(builder, [nrows, ncols]),
