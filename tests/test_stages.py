@@ -45,6 +45,15 @@ def test_census_volume_matches_reference(rng, wx, wy, min_d, dtype, h, w):
     np.testing.assert_array_equal(got, ref.census_volume(L, R, min_d, 6, wx, wy))
 
 
+@pytest.mark.parametrize("wx,wy", [(9, 7), (5, 5), (3, 3)])
+def test_census_volume_over_many_disparities_matches_reference(rng, wx, wy):
+    """Rows wide enough for the costs' vectorised loop (a pixel's 40 disparities in
+    vectors, with a remainder), not only its scalar remainder."""
+    L, R = random_images(rng, 6, 70)
+    got = BK.census_volume(L, R, -3, 40, wx, wy)
+    np.testing.assert_array_equal(got, ref.census_volume(L, R, -3, 40, wx, wy))
+
+
 @pytest.mark.parametrize("kind", ["sad", "ssd", "zssd", "zncc"])
 def test_window_costs_match_reference(rng, kind):
     L, R = random_images(rng, 10, 16)

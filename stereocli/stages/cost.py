@@ -91,9 +91,12 @@ def census_scale_magic(nbits: int) -> tuple[np.uint32, np.uint32, np.uint32]:
 @shared
 def census_scaled(ham, mul, add, shift):
     """census_scale(nbits)[ham] for a Hamming distance ham (uint32), computed from
-    census_scale_magic(nbits) = (mul, add, shift) instead of looked up."""
+    census_scale_magic(nbits) = (mul, add, shift) instead of looked up. The shift is
+    masked to 0..31 (it is 8..31): Numba types a uint32 shift as 64-bit, and the mask
+    lets LLVM keep the whole scale in 32-bit lanes, twice as many a vector (census volume,
+    one thread, 2-core machine: teddy 9.3-9.4 -> 7.1 ms, the volume unchanged)."""
     v = np.uint32(ham * mul + add)  # (32-bit arithmetic: the magic keeps 64 * mul + add below 2**32)
-    return np.uint32(min(v >> shift, np.uint32(255)))
+    return np.uint32(min(v >> (shift & np.uint32(31)), np.uint32(255)))
 
 
 @shared
