@@ -1,6 +1,7 @@
 """CPU backend: NumPy arrays and the @njit(parallel=True) drivers of the stages."""
 import functools
 import math
+import threading
 import time
 
 import numba
@@ -108,22 +109,24 @@ class CpuBackend:
     def __init__(self):
         tune_malloc()
         self._spare = {}  # (shape, dtype) -> a volume given back by recycle
+        self._spare_lock = threading.Lock()  # (one backend per process: matches may run in several threads)
         self._avail = (-math.inf, None)  # (time.monotonic(), MemAvailable bytes) of the last reading
 
     def _volume(self, shape, dtype):
         """An uninitialised array: a recycled one of this shape if there is one."""
-        spare = self._spare.pop((shape, dtype.str), None)
-        if spare is not None:
-            return spare
-        # a new size (the next strip of a large pair, another pair's size): the kept volumes
-        # go first, so that two sizes' volumes are never held at once (when they were, a
-        # 3000x1400/256 pair in 3 strips peaked at 3114 MiB resident, 1746 after this;
-        # 6000x4000/320 in 4 strips at 10.4 GB). Only for a new size: a volume of this
-        # size that was too small to keep (a cost volume under KEEP_MIN_BYTES beside a
-        # kept aggregate twice its size, as at 741x500/64) must not drop the kept one,
-        # which every match then mapped and faulted in afresh.
-        if any(k[0] != shape for k in self._spare):
-            self._spare.clear()
+        with self._spare_lock:
+            spare = self._spare.pop((shape, dtype.str), None)
+            if spare is not None:
+                return spare
+            # a new size (the next strip of a large pair, another pair's size): the kept volumes
+            # go first, so that two sizes' volumes are never held at once (when they were, a
+            # 3000x1400/256 pair in 3 strips peaked at 3114 MiB resident, 1746 after this;
+            # 6000x4000/320 in 4 strips at 10.4 GB). Only for a new size: a volume of this
+            # size that was too small to keep (a cost volume under KEEP_MIN_BYTES beside a
+            # kept aggregate twice its size, as at 741x500/64) must not drop the kept one,
+            # which every match then mapped and faulted in afresh.
+            if any(k[0] != shape for k in self._spare):
+                self._spare.clear()
         if math.prod(shape) * dtype.itemsize >= self.TRIM_BEFORE_BYTES:
             _trim_heap()
         return np.empty(shape, dtype)
@@ -136,9 +139,10 @@ class CpuBackend:
             if (isinstance(a, np.ndarray) and a.base is None and a.flags.c_contiguous
                     and self.KEEP_MIN_BYTES <= a.nbytes <= self.KEEP_MAX_BYTES):
                 key = (a.shape, a.dtype.str)
-                if key not in self._spare and len(self._spare) >= 2:
-                    self._spare.clear()  # a new size: the old ones go
-                self._spare[key] = a
+                with self._spare_lock:
+                    if key not in self._spare and len(self._spare) >= 2:
+                        self._spare.clear()  # a new size: the old ones go
+                    self._spare[key] = a
 
     def describe(self) -> str:
         return f"CPU ({numba.get_num_threads()} threads)"
