@@ -296,7 +296,8 @@ def _run_strip(gl: np.ndarray, gr: np.ndarray, params: Params, bk, timer: _Timer
         vol = _mi_volume(bk, gl.astype(np.float32), gr.astype(np.float32), params, timer)
     elif params.cost == "census" and params.block <= 1 and params.aggregation == "sgm" and params.paths in (4, 8):
         # the backend may rather compute the costs as the SGM sweeps (the CPU, for large volumes)
-        vol = bk.census_codes(L, R, params.min_disparity, params.num_disparities, *params.window_size())
+        vol = bk.census_codes(L, R, params.min_disparity, params.num_disparities, *params.window_size(),
+                              params.paths)
     if vol is None:
         vol = cost_volume(bk, L, R, params)
     timer.lap("cost")

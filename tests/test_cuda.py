@@ -188,6 +188,35 @@ def test_sgm_in_bands_bit_exact(rng, monkeypatch, lanes, together, rows, first, 
     np.testing.assert_array_equal(on_gpu("sgm", C, G, 20, 200, True, 8), on_cpu("sgm", C, G, 20, 200, True, 8))
 
 
+@pytest.mark.parametrize("parts", [1, 3])
+def test_horizontal_pair_starts_on_the_census_rows_made_so_far(rng, monkeypatch, parts):
+    """Where SGM runs the horizontal pair first (8 paths in bands, 1920x1080 / 256 and
+    up), the GPU makes the census volume in parts of rows (census_codes,
+    cost.COST_PARTS); the pair starts on a part's lines as soon as that part is made, on
+    side streams, storing into a sum nobody zeroed, and each band adds after the pair's
+    parts over its rows: the census volume and the SGM sums are the CPU's, whether the
+    image's rows split evenly or not. For 4 paths the GPU wants the stored volume."""
+    from stereocli.backends.cuda import aggregate_bands as kband
+    from stereocli.backends.cuda import cost as kcost
+    n = 256 if REAL_GPU else 8
+    monkeypatch.setattr(kband, "BANDS", "on")
+    monkeypatch.setattr(kband, "HFIRST", "on")
+    monkeypatch.setattr(kband, "UNCAPPED_BLOCKS_PER_SM", 0)
+    monkeypatch.setattr(kcost, "COST_PARTS", parts)
+    _poison_empty(monkeypatch)
+    h, w = (41, 71) if REAL_GPU else (7, 12)
+    L, R = (rng.integers(0, 256, (h, w)).astype(np.uint8) for _ in range(2))
+    dL, dR = GPU.upload(L), GPU.upload(R)
+    assert GPU.census_codes(dL, dR, 0, n, 9, 7, 4) is None
+    vol = GPU.census_codes(dL, dR, 0, n, 9, 7, 8)
+    assert (GPU._cost_rows is not None) == (parts > 1)
+    cpu_vol = CPU.census_volume(L, R, 0, n, 9, 7)
+    np.testing.assert_array_equal(GPU.download(vol), cpu_vol)
+    sums = GPU.download(GPU.sgm(vol, dL, 20, 200, True, 8))
+    assert GPU._cost_rows is None  # (taken by that SGM)
+    np.testing.assert_array_equal(sums, CPU.sgm(cpu_vol, L, 20, 200, True, 8))
+
+
 @pytest.mark.parametrize("ndisp,paths", [(64, 4), (128, 4), (256, 8)])
 def test_sgm_bit_exact_at_the_largest_penalties(rng, ndisp, paths):
     """The largest P2 the config allows for the path count (the sum's uint16 bound),

@@ -202,7 +202,7 @@ class CpuBackend:
         vol = self._volume(left.shape + (ndisp,), np.dtype(np.uint8))
         return cost.census_volume_pair_cpu(left, right, min_d, ndisp, wx, wy, vol)
 
-    def census_codes(self, left, right, min_d, ndisp, wx, wy):
+    def census_codes(self, left, right, min_d, ndisp, wx, wy, paths):
         if left.size * ndisp < self.CENSUS_ON_THE_FLY_CELLS:
             return None
         cl = cost.census_transform_cpu(left, wx, wy)

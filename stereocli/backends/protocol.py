@@ -80,11 +80,12 @@ class Backend(Protocol):
     def census_volume(self, left: Array, right: Array, min_d: int, ndisp: int, wx: int, wy: int) -> Array:
         """uint8 (H, W, ndisp) census cost in cost units, OUTSIDE beyond the right image."""
 
-    def census_codes(self, left: Array, right: Array, min_d: int, ndisp: int, wx: int, wy: int):
-        """What `sgm` (4 or 8 paths) can compute census_volume's costs from as it sweeps,
-        instead of reading a stored volume, or None: then the pipeline asks for the volume.
-        The CPU gives its census strings (stages/cost.CensusCodes) for large volumes; the
-        GPU always wants the volume."""
+    def census_codes(self, left: Array, right: Array, min_d: int, ndisp: int, wx: int, wy: int, paths: int):
+        """What `sgm` over `paths` (4 or 8) directions can compute census_volume's costs
+        from as it sweeps, instead of reading a stored volume, or None: then the pipeline
+        asks for the volume. The CPU gives its census strings (stages/cost.CensusCodes)
+        for large volumes; the GPU wants the volume, and makes it here in parts of rows
+        where its SGM can start on each part as it is made (8 paths at large sizes)."""
 
     def diff_volume(self, left: Array, right: Array, min_d: int, ndisp: int, kind: int) -> Array:
         """float32 (H, W, ndisp) per-pixel difference of `kind` (cost.ABS, SQ, PROD, BT)."""

@@ -58,6 +58,10 @@ HFIRST = os.environ.get("STEREOCLI_SGM_HFIRST", "auto")  # the horizontal pair f
 # serial chain of band launches is half as long, and one sweep's blocks fill what the
 # other's leave idle. STEREOCLI_SGM_SWEEPS=together|apart.
 SWEEPS_AT_ONCE = os.environ.get("STEREOCLI_SGM_SWEEPS", "together") == "together"
+# Each band waits only for the parts of the horizontal pair (run first, in parts of rows
+# as the census volume is made: CudaBackend._horizontal_first) over its rows, not for the
+# whole pair. STEREOCLI_SGM_FOLLOW_HORIZONTAL=1|0 (measurements).
+FOLLOW_HORIZONTAL = os.environ.get("STEREOCLI_SGM_FOLLOW_HORIZONTAL", "1") == "1"
 BAND_ROWS = int(os.environ.get("STEREOCLI_SGM_BAND_ROWS", "4" if SIM else "64"))
 BAND_REGISTER_CAP = 64  # 8 blocks of 4 warps an SM: a 3840-wide band's walks in one wave (band_kernel_for)
 UNCAPPED_BLOCKS_PER_SM = 7  # the kernel's blocks an SM uncapped (72 registers, H100)

@@ -182,6 +182,7 @@ class CudaBackend:
     def __init__(self):
         self.stream = cuda.stream()
         self._side = []  # _side_streams
+        self._cost_rows = None  # (volume, [(first row, end row, event)]) of the last census volume made in parts
         self._events = []  # timing events free for reuse (recycle_marks)
         self._tables = {}  # per-size constant tables on the device (path lines, census scale)
         self._pool = _POOL
@@ -594,8 +595,17 @@ class CudaBackend:
         return out
 
     # ------------------------------------------------------------ costs
-    def census_codes(self, left, right, min_d, ndisp, wx, wy):
-        return None  # (the SGM kernels read a stored volume)
+    def census_codes(self, left, right, min_d, ndisp, wx, wy, paths):
+        """None (the SGM kernels read a stored volume, which the pipeline then asks
+        census_volume for), except where SGM will run the horizontal pair first (8 paths
+        in bands, aggregate_bands.horizontal_first): then the volume, made in parts of rows
+        (kcost.COST_PARTS), for the pair to start on each part as it is made."""
+        h, w = left.shape
+        cells = h * w * ndisp
+        if (kagg.SGM_ATOMIC and kband.use_bands(ndisp, paths, cells, kagg.sgm_shape(ndisp)[2])
+                and kband.horizontal_first(cells)):
+            return self.census_volume(left, right, min_d, ndisp, wx, wy, parts=kcost.COST_PARTS)
+        return None
 
     def census_strings(self, left, right, wx, wy):
         """The census strings of both images (uint64 each, census_at's): 8-bit images by
@@ -611,13 +621,24 @@ class CudaBackend:
         self._launch(census, ((w + per * bx - 1) // (per * bx), (h + by - 1) // by, 2), (bx, by), left, right, cl, cr)
         return cl, cr
 
-    def census_volume(self, left, right, min_d, ndisp, wx, wy):
+    def census_volume(self, left, right, min_d, ndisp, wx, wy, parts=1):
+        """The census volume (uint8 h x w x ndisp); in `parts` launches of rows, each
+        followed by an event listed in _cost_rows (for _horizontal_first), where the
+        kernel with a thread per pixel makes it."""
         h, w = left.shape
         cl, cr = self.census_strings(left, right, wx, wy)
         vol = self._empty((h, w, ndisp), np.uint8)
+        self._cost_rows = None
         if ndisp % 8 == 0 and ndisp <= kcost.TILE_MAX_D:
-            self._launch(kcost.census_volume_px_kernel_for(wx * wy - 1), ((w + kcost.PX_TILE - 1) // kcost.PX_TILE, h),
-                         kcost.PX_THREADS, cl, cr, min_d, vol.view(np.uint64))
+            kernel, tiles = kcost.census_volume_px_kernel_for(wx * wy - 1), (w + kcost.PX_TILE - 1) // kcost.PX_TILE
+            chunks = kcost.row_chunks(h, parts)
+            for y0, y1 in chunks:
+                self._launch(kernel, (tiles, y1 - y0), kcost.PX_THREADS, cl, cr, min_d, vol.view(np.uint64), np.int32(y0))
+                if len(chunks) > 1:
+                    done = self._event()
+                    done.record(self.stream)
+                    self._cost_rows = self._cost_rows or (vol, [])
+                    self._cost_rows[1].append((y0, y1, done))
         elif ndisp % 4 == 0 and not kc.SIM:
             self._launch_rows(kcost.census_volume4_kernel, h, w * ndisp // 4, cl, cr, min_d,
                               self._census_scale(wx * wy - 1), vol.view(np.uint32))
@@ -706,8 +727,11 @@ class CudaBackend:
         elif not bands:
             self._sgm_lines(args, paths, "all", self.stream)
         elif first:
-            self._sgm_lines(args, paths, "horizontal", self.stream, first_store=True, horizontal=True)
-            return PathVolumes(sp, vec, self._sgm_bands(c1, g1, h, w, n, p1, p2t, s1[0], vec))
+            parts = self._horizontal_first(args, paths, vol)
+            ready = self._sgm_bands(c1, g1, h, w, n, p1, p2t, s1[0], vec, parts)
+            if parts:
+                self._join(parts[1])
+            return PathVolumes(sp, vec, ready)
         else:  # the horizontal pair on a side stream, beside the bands
             side = self._side_streams(1)[0]
             self._fork([side])
@@ -721,17 +745,43 @@ class CudaBackend:
             return PathVolumes(sp, vec, ready)
         return PathVolumes(sp, vec)
 
-    def _sgm_lines(self, args, paths, part, stream, first_store=False, horizontal=False):
+    def _sgm_lines(self, args, paths, part, stream, first_store=False, horizontal=False, lines=None):
         """One launch of the SGM line kernel over the path lines of `part` (_lines) on
-        `stream`; args: (flat costs, flat guide, h, w, n, p1, P2 table, sum rows)."""
+        `stream`, or over lines[0]:lines[1] of them; args: (flat costs, flat guide, h, w,
+        n, p1, P2 table, sum rows)."""
         h, w, n = args[2:5]
         dirs, starts = self._lines(h, w, paths, part)
         kernel, G, _ = kagg.sgm_kernel_for(n, starts.shape[0], first_store=first_store, horizontal=horizontal,
                                            cells=h * w * n)
+        if lines is not None:
+            starts = starts[lines[0]:lines[1]]
         per_block = kagg.sgm_lines_per_block(G)
         threads = G if kc.SIM else 32 * kc.SGM_WARPS
         self._launcher.launch(kernel, (starts.shape[0] + per_block - 1) // per_block, threads, stream,
                               *args, dirs, starts)
+
+    def _horizontal_first(self, args, paths, vol):
+        """The horizontal pair alone, storing where its walks come first (before the
+        bands). Where census_volume made `vol` in parts of rows (its _cost_rows), each
+        part's lines start on a side stream as soon as that part is made, while the
+        census goes on with the next (the horizontal lines are in row order)."""
+        parts, self._cost_rows = self._cost_rows, None
+        if parts is None or parts[0] is not vol:
+            self._sgm_lines(args, paths, "horizontal", self.stream, first_store=True, horizontal=True)
+            return None
+        skip = 2 + ksel.SELECT_STREAMS  # (the bands' and the selection's side streams)
+        sides = self._side_streams(skip + len(parts[1]))[skip:]
+        done = []
+        for (y0, y1, made), side in zip(parts[1], sides):
+            made.wait(side)
+            self._sgm_lines(args, paths, "horizontal", side, first_store=True, horizontal=True, lines=(y0, y1))
+            if kband.FOLLOW_HORIZONTAL:
+                done.append((y0, y1, self._event()))
+                done[-1][2].record(side)
+        if not done:
+            self._join(sides)
+            return None
+        return done, sides
 
     def _fork(self, streams):
         """The side streams wait for what the main stream has queued so far."""
@@ -747,14 +797,17 @@ class CudaBackend:
             done.record(st)
             done.wait(self.stream)
 
-    def _sgm_bands(self, c1, g1, h, w, n, p1, p2t, s1, vec):
+    def _sgm_bands(self, c1, g1, h, w, n, p1, p2t, s1, vec, horizontal=None):
         """The six vertical and diagonal paths in bands of rows (aggregate_bands), adding
         into the flat sum s1: the bands from the top for the paths from above, and from
         the bottom for the paths from below, each band starting from the carry the band
         before left. kband.SWEEPS_AT_ONCE: the two sweeps run at once, the one from below
         on a side stream with its own carry (their atomic adds commute). Returns, when the
         selection follows the bands (select.select_with_bands), the ranges of rows in the
-        order they finish with the events of the bands each waits for; else None."""
+        order they finish with the events of the bands each waits for; else None.
+        `horizontal`: ([(first row, end row, event)], streams) of the horizontal pair's
+        parts still running (_horizontal_first): each band waits for the parts of its rows
+        only (the pair stores where the bands add), not for the whole pair."""
         R = kband.BAND_ROWS
         kernel, per_block, threads = kband.band_kernel_for(n, vec, kband.walks(h, w, 0, 1, R), kagg._sm_count())
         at_once = kband.SWEEPS_AT_ONCE and not kc.SIM
@@ -772,9 +825,16 @@ class CudaBackend:
         nb = (h + R - 1) // R
         order = [(b, k) for b in range(nb) for k in (0, 1)] if at_once else [(b, k) for k in (0, 1) for b in range(nb)]
         done = {}
+        waited = [set(), set()]  # [sweep]: the horizontal parts its stream has waited for
         for b, k in order:
             dy = 1 - 2 * k
             ys = b * R if dy > 0 else h - 1 - b * R
+            if horizontal:
+                lo, hi = (ys, ys + R) if dy > 0 else (ys - R + 1, ys + 1)
+                for i, (y0, y1, part_done) in enumerate(horizontal[0]):
+                    if y0 < hi and y1 > lo and i not in waited[k]:
+                        part_done.wait(streams[k])
+                        waited[k].add(i)
             blocks = (kband.walks(h, w, ys, dy, R) + per_block - 1) // per_block
             (c_in, m_in), (c_out, m_out) = turns[k][(b + 1) & 1], turns[k][b & 1]  # (b == 0: c_in unread)
             self._launcher.launch(kernel, blocks, threads, streams[k], c1, g1, h, w, n, p1, p2t, s1, ys, R, dy,

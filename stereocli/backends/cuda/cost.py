@@ -1,6 +1,7 @@
 """Cost-volume kernels (stages/cost.py on the GPU): census transform and census volume (packed, popc), per-pixel differences, box means, finalisation to cost units, mutual-information table and histogram."""
 import functools
 import math
+import os
 
 import numpy as np
 
@@ -301,6 +302,27 @@ def _pack4():
     return pack4
 
 
+# The census volume in parts of rows, each with an event, so that SGM's horizontal pair
+# (run alone before the bands, aggregate_bands.horizontal_first) starts on a part's lines
+# as soon as it is made, and each band of the other paths on the pair's parts over its
+# rows (CudaBackend._horizontal_first, aggregate_bands.FOLLOW_HORIZONTAL). H100, kernel
+# ms (census + SGM + selection + LR check, best of 10), two rounds alternated in one
+# process, one launch / 8 parts, the bands after the whole pair / 4, 8, 16 parts, the
+# bands following the parts: 3840x2160/256/8 25.29 25.27 / 24.87 24.82 / 24.49 24.47,
+# 24.22 25.06, 24.77 24.58; 1920x1080/256/8 6.54 6.53 / 6.66 6.59 / 6.35 6.34, 6.34
+# 6.32, 6.45 6.48. STEREOCLI_COST_PARTS: how many parts (1 turns it off).
+COST_PARTS = int(os.environ.get("STEREOCLI_COST_PARTS", "4"))
+
+
+def row_chunks(h, parts):
+    """[(first row, end row)]: the census volume's launches in `parts` parts of h rows,
+    from both ends inwards (the order in which SGM's bands from above and from below
+    reach them)."""
+    k = max(1, min(parts, h))
+    parts = [(h * i // k, h * (i + 1) // k) for i in range(k)]
+    return [parts[i // 2] if i % 2 == 0 else parts[k - 1 - i // 2] for i in range(k)]
+
+
 def census_volume_px_kernel_for(nbits):
     """census_volume_px_kernel for census strings of nbits bits: the scale to cost units
     (census_scale_top) is compiled in as constants, so it stays 32-bit arithmetic (as
@@ -317,9 +339,9 @@ def census_volume_px_kernel_for(nbits):
         return uint32(_popc2(a, b) * mul + add)
 
     @cuda.jit(cache=CACHE, **_REGS("STEREOCLI_COST_REGS", 0))
-    def census_volume_px_kernel(cl, cr, min_d, vol8):
+    def census_volume_px_kernel(cl, cr, min_d, vol8, y0):
         """The census volume with a thread per left pixel (D % 8 == 0, D <= TILE_MAX_D), a
-        block per PX_TILE pixels of one row (grid: tiles, rows). The right strings the
+        block per PX_TILE pixels of one row (grid: tiles, rows from y0). The right strings the
         block meets are read once into shared memory; a thread's disparities read them at
         descending positions, its neighbours' at the next ones (no bank conflicts, no
         padding). A chunk of PX_CHUNK words (eight costs each) whose right pixels all lie
@@ -354,7 +376,7 @@ def census_volume_px_kernel_for(nbits):
         left = cuda.local.array(PX_EACH, uint64)  # the thread's left strings (a register on the GPU)
         h, w, n8 = vol8.shape
         nd = 8 * n8
-        y = cuda.blockIdx.y
+        y = y0 + cuda.blockIdx.y
         x0 = cuda.blockIdx.x * PX_TILE
         tid = cuda.threadIdx.x
         xlo = int32(cst.right_x(x0, min_d, nd - 1))  # the right column of crs[0]
