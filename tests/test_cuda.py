@@ -195,7 +195,8 @@ def test_horizontal_pair_starts_on_the_census_rows_made_so_far(rng, monkeypatch,
     cost.COST_PARTS); the pair starts on a part's lines as soon as that part is made, on
     side streams, storing into a sum nobody zeroed, and each band adds after the pair's
     parts over its rows: the census volume and the SGM sums are the CPU's, whether the
-    image's rows split evenly or not. For 4 paths the GPU wants the stored volume."""
+    image's rows split evenly or not. For 4 paths whose vertical pair runs first, the GPU
+    wants the stored volume."""
     from stereocli.backends.cuda import aggregate_bands as kband
     from stereocli.backends.cuda import cost as kcost
     n = 256 if REAL_GPU else 8
@@ -207,7 +208,8 @@ def test_horizontal_pair_starts_on_the_census_rows_made_so_far(rng, monkeypatch,
     h, w = (41, 71) if REAL_GPU else (7, 12)
     L, R = (rng.integers(0, 256, (h, w)).astype(np.uint8) for _ in range(2))
     dL, dR = GPU.upload(L), GPU.upload(R)
-    assert GPU.census_codes(dL, dR, 0, n, 9, 7, 4) is None
+    monkeypatch.setattr(kband, "BANDS4", "off")
+    assert GPU.census_codes(dL, dR, 0, n, 9, 7, 4) is None  # (4 paths apart: the vertical pair first)
     vol = GPU.census_codes(dL, dR, 0, n, 9, 7, 8)
     assert (GPU._cost_rows is not None) == (parts > 1)
     cpu_vol = CPU.census_volume(L, R, 0, n, 9, 7)
@@ -215,6 +217,38 @@ def test_horizontal_pair_starts_on_the_census_rows_made_so_far(rng, monkeypatch,
     sums = GPU.download(GPU.sgm(vol, dL, 20, 200, True, 8))
     assert GPU._cost_rows is None  # (taken by that SGM)
     np.testing.assert_array_equal(sums, CPU.sgm(cpu_vol, L, 20, 200, True, 8))
+
+
+@pytest.mark.parametrize("ndisp", [128, 256])
+@pytest.mark.parametrize("rows", [3, 64])
+@pytest.mark.parametrize("parts", [1, 4])
+def test_four_paths_in_bands_bit_exact(rng, monkeypatch, parts, rows, ndisp):
+    """4 paths as the GPU runs them from 1920x1080 / 256: the horizontal pair first
+    (storing into a sum nobody zeroed, in parts as the census volume is made), then the
+    vertical pair in bands of one walk a group, each band after the pair's parts over
+    its rows, the selection following the bands: the CPU's sums and its left and right
+    maps."""
+    if not REAL_GPU and (ndisp == 256 or rows == 64):
+        pytest.skip("the simulator runs one small count, in short bands")
+    from stereocli.backends.cuda import aggregate_bands as kband
+    from stereocli.backends.cuda import cost as kcost
+    monkeypatch.setattr(kband, "BANDS4", "on")
+    monkeypatch.setattr(kband, "BAND_ROWS", rows)
+    monkeypatch.setattr(kcost, "COST_PARTS", parts)
+    _poison_empty(monkeypatch)
+    n = ndisp if REAL_GPU else 8
+    h, w = (41, 71) if REAL_GPU else (7, 12)
+    L, R = (rng.integers(0, 256, (h, w)).astype(np.uint8) for _ in range(2))
+    dL, dR = GPU.upload(L), GPU.upload(R)
+    vol = GPU.census_codes(dL, dR, 0, n, 9, 7, 4)
+    cpu_vol = CPU.census_volume(L, R, 0, n, 9, 7)
+    cpu_sums = CPU.sgm(cpu_vol, L, 20, 200, True, 4)
+    np.testing.assert_array_equal(GPU.download(GPU.sgm(vol, dL, 20, 200, True, 4)), cpu_sums)
+    vol = GPU.census_codes(dL, dR, 0, n, 9, 7, 4)
+    agg = GPU.sgm(vol, dL, 20, 200, True, 4)
+    assert agg.ready  # (the selection follows the bands)
+    for gpu_map, cpu_map in zip(GPU.select(agg, 0, 5.0, True, True)[:2], CPU.select(cpu_sums, 0, 5.0, True, True)[:2]):
+        np.testing.assert_array_equal(GPU.download(gpu_map), cpu_map)
 
 
 @pytest.mark.parametrize("ndisp,paths", [(64, 4), (128, 4), (256, 8)])

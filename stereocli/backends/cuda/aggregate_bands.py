@@ -43,7 +43,7 @@ import numpy as np
 from numba import cuda, int32, uint32, uint64
 
 from .common import (_REGS, BIG, CACHE, SGM_LANES, SGM_WARPS, SIM, atomic_add_at, auto_on_off, from_lane, group_min3_for,
-                     min_u16x2_for)
+                     group_min_for, min_u16x2_for)
 
 L = SGM_LANES  # lanes of a warp (the simulator: 1, or STEREOCLI_SIM_LANES)
 # Lanes of a walk at 128 disparities: 16 (two columns a warp, 2 words a lane) or 32 (one
@@ -76,7 +76,28 @@ UNCAPPED_BLOCKS_PER_SM = 7  # the kernel's blocks an SM uncapped (72 registers, 
 # 128 (LANES_128) came after these figures.
 BAND_MIN_CELLS = {128: 3 << 24, 256: 1 << 28}
 HFIRST_MIN_CELLS = 3 << 27  # horizontal_first "auto"
+# 4 paths: the horizontal pair first (in parts as the census volume is made), then the
+# vertical pair in bands of one walk a group, the selection following the bands (use_bands4).
+# From BANDS4_MIN_CELLS cells (W x H x D), as for horizontal_first. H100, kernel ms (gpu.py's
+# kernel_times, best of 10), the vertical pair then the horizontal pair as line kernels
+# (aggregate.pairs_apart) / in bands: 1920x1080/256/4 5.51 / 5.28, 3840x2160/256/4 21.65 /
+# 19.31 (aggregation 17.9 / 13.4, selection after the aggregation 2.23 / 0.19); not below:
+# 1920x1080/128/4 2.708-2.711 / 2.717-2.736 with 4 parts, 2.763-2.779 in one part, 2.72-2.73
+# in 8, 2.79-2.80 with bands of 32 rows, 2.83 without the selection following (two rounds),
+# and the thirty-first session's measurements at 1242x375 and 741x500 (docs/speed.md).
+BANDS4 = os.environ.get("STEREOCLI_SGM_BANDS4", "auto")  # auto | on | off
+BANDS4_MIN_CELLS = 3 << 27
 _KERNELS = {}
+
+
+def use_bands4(n: int, paths: int, cells: int, vec: bool) -> bool:
+    """Whether SGM over 4 paths runs the horizontal pair first, then the vertical pair in
+    bands of one walk a group (so that the selection can follow the bands as they finish
+    rows): 4 paths, n a multiple of 4 lanes' words, and ("auto") from BANDS4_MIN_CELLS
+    cells. STEREOCLI_SGM_BANDS4=auto|on|off."""
+    if paths != 4 or n % (4 * L):
+        return False
+    return auto_on_off(BANDS4, not SIM and vec and cells >= BANDS4_MIN_CELLS)
 
 
 def use_bands(n: int, paths: int, cells: int, vec: bool) -> bool:
@@ -106,7 +127,7 @@ def walk_lanes(n: int) -> int:
     return LANES_128 if not SIM and n == 128 else L
 
 
-def band_kernel_for(n: int, vec: bool, walks: int = 0, sms: int = 1):
+def band_kernel_for(n: int, vec: bool, walks: int = 0, sms: int = 1, nw: int = 3):
     """(kernel, walks per block, threads per block) for n disparities (walk_lanes lanes
     of K4 = n / (4 lanes) words a walk) and a first band of `walks` walk groups on `sms`
     SMs: capped at BAND_REGISTER_CAP registers when the uncapped kernel (72 registers,
@@ -120,8 +141,8 @@ def band_kernel_for(n: int, vec: bool, walks: int = 0, sms: int = 1):
     cc = (0, 0) if SIM else tuple(cuda.get_current_device().compute_capability)
     lw = walk_lanes(n)
     per_block = SGM_WARPS * (L // lw)
-    capped = (walks + per_block - 1) // per_block > UNCAPPED_BLOCKS_PER_SM * sms
-    key = (n // (4 * lw), lw, vec, cc, capped)
+    capped = nw == 3 and (walks + per_block - 1) // per_block > UNCAPPED_BLOCKS_PER_SM * sms
+    key = (n // (4 * lw), lw, vec, cc, capped, nw)
     if key not in _KERNELS:
         _KERNELS[key] = _make(*key)
     return _KERNELS[key], per_block, L * SGM_WARPS
@@ -159,13 +180,13 @@ def finished_rows(h: int, R: int, order: tuple) -> list:
     return [(y0, y1, sorted((b, k) for k, b in last.items())) for y0, y1, last, _ in sorted(runs, key=lambda r: r[3])]
 
 
-def walks(h: int, w: int, ys: int, dy: int, R: int) -> int:
-    """Walk groups of the band whose first row is ys: a column each, and one per later
-    row for the diagonals entering from the sides."""
-    return w + max(0, band_rows(h, ys, dy, R) - 1)
+def walks(h: int, w: int, ys: int, dy: int, R: int, nw: int = 3) -> int:
+    """Walk groups of the band whose first row is ys: a column each, and (nw = 3) one per
+    later row for the diagonals entering from the sides."""
+    return w + (max(0, band_rows(h, ys, dy, R) - 1) if nw == 3 else 0)
 
 
-def _make(K4, LW, vec, cc, capped):
+def _make(K4, LW, vec, cc, capped, NW):
     """The band kernel for K4 cost words (4 K4 disparities) a lane. A lane keeps its path
     costs as uint16 pairs in uint32 words (P[walk, 2 i + h]: disparities 4 (gl + LW i)
     + 2 h and + 1, gl its place in its group) and updates both halves at once: the costs stay below 2^15 (aggregate.
@@ -177,6 +198,7 @@ def _make(K4, LW, vec, cc, capped):
     min2 = min_u16x2_for(cc)
     GW = L // LW  # walk groups a warp
     gmin3 = group_min3_for(LW)
+    gmin1 = group_min_for(LW)
     K2 = 2 * K4  # a lane's uint16 pairs
     PER = np.uint64(K4 * LW if vec else 4 * K4 * LW)  # a pixel's words (vec: C1 uint32, S1 uint64) or costs
     WSTEP = np.uint64(LW if vec else 4 * LW)  # from a lane's word i to its word i + 1
@@ -237,17 +259,24 @@ def _make(K4, LW, vec, cc, capped):
         t = (cuda.blockIdx.x * SGM_WARPS + wi) * GW + grp
         rows = int32(_band_rows(h, ys, dy, R))
         w32 = int32(w)
-        ks = cuda.local.array(3, int32)  # the walks: path (dx = 0, 1, -1), column, first step, alive
-        xs = cuda.local.array(3, int32)
-        s0 = cuda.local.array(3, int32)
-        live = cuda.local.array(3, int32)
-        ms = cuda.local.array(3, int32)  # min L at the previous pixel
-        gs = cuda.local.array(3, int32)  # grey level there
-        dxs = cuda.local.array(3, int32)  # the walk's step along x
-        P = cuda.local.array((3, K2), uint32)
-        q = cuda.local.array((3, K4), uint32)  # the next pixel's cost words
-        qg = cuda.local.array(3, int32)
-        if t < w:
+        ks = cuda.local.array(NW, int32)  # the walks: path (dx = 0, 1, -1), column, first step, alive
+        xs = cuda.local.array(NW, int32)
+        s0 = cuda.local.array(NW, int32)
+        live = cuda.local.array(NW, int32)
+        ms = cuda.local.array(NW, int32)  # min L at the previous pixel
+        gs = cuda.local.array(NW, int32)  # grey level there
+        dxs = cuda.local.array(NW, int32)  # the walk's step along x
+        P = cuda.local.array((NW, K2), uint32)
+        q = cuda.local.array((NW, K4), uint32)  # the next pixel's cost words
+        qg = cuda.local.array(NW, int32)
+        if NW == 1:  # the vertical walk alone
+            if t - grp >= w:
+                return  # the whole warp is past the band's columns
+            ks[0] = 0
+            xs[0] = t
+            s0[0] = 0
+            live[0] = 1 if t < w else 0
+        elif t < w:
             for j in range(3):
                 ks[j] = j
                 xs[j] = t
@@ -266,26 +295,26 @@ def _make(K4, LW, vec, cc, capped):
         drow = wu if dy > 0 else U0 - wu  # from a row's first pixel to the next row's, mod 2^64
         rp = uint64(ys) * wu  # the first pixel of the step's row
         lo = uint64(gl) if vec else uint64(4 * gl)  # the lane's first word (cost) of a pixel
-        for j in range(3):
+        for j in range(NW):
             if live[j] != 0:
                 pix = rp + uint64(s0[j]) * drow + uint64(xs[j])
                 load(C1, pix * PER + lo, q, j)
                 qg[j] = int32(G1[pix])
         p1i = int32(p1)
         p1p = uint32(uint32(p1i) * PAIR)
-        words = cuda.local.array((3, K4), uint32)  # this row's cost words
-        act = cuda.local.array(3, int32)  # the walk is at a pixel this step
-        gc = cuda.local.array(3, int32)  # its grey level
-        p2s = cuda.local.array(3, int32)  # its P2
-        mps = cuda.local.array(3, uint32)  # the pairs' minimum of its new L
-        for j in range(3):
+        words = cuda.local.array((NW, K4), uint32)  # this row's cost words
+        act = cuda.local.array(NW, int32)  # the walk is at a pixel this step
+        gc = cuda.local.array(NW, int32)  # its grey level
+        p2s = cuda.local.array(NW, int32)  # its P2
+        mps = cuda.local.array(NW, uint32)  # the pairs' minimum of its new L
+        for j in range(NW):
             for i in range(K2):
                 P[j, i] = uint32(0)
             for i in range(K4):
                 words[j, i] = uint32(0)
             ms[j] = 0
             gs[j] = 0
-        for j in range(3):
+        for j in range(NW):
             dxs[j] = int32(0 if ks[j] == 0 else (1 if ks[j] == 1 else -1))
         up = grp * LW + (gl + 1) % LW
         down = grp * LW + (gl + LW - 1) % LW
@@ -296,7 +325,7 @@ def _make(K4, LW, vec, cc, capped):
             # the minima; the adds), so their shuffle chains interleave instead of each
             # waiting on the one before. A walk not at a pixel this step computes on what
             # it holds and stores nothing.
-            for j in range(3):
+            for j in range(NW):
                 a = live[j] != 0 and s >= s0[j]
                 act[j] = 1 if a else 0
                 if a:
@@ -329,7 +358,7 @@ def _make(K4, LW, vec, cc, capped):
                             ms[j] = 0
                     gc[j] = g
                     p2s[j] = p2tab[uint32(abs(int32(g - gs[j])))]
-            for j in range(3):
+            for j in range(NW):
                 m = ms[j]
                 mm = uint32(uint32(m) * PAIR)
                 mp2 = uint32(uint32(m + p2s[j]) * PAIR)
@@ -358,10 +387,15 @@ def _make(K4, LW, vec, cc, capped):
                     P[j, 2 * i + 1] = vb
                     mp = min2(mp, min2(va, vb))
                 mps[j] = mp
-            m0, m1, m2 = gmin3(int32(min(uint32(mps[0] & B2), uint32(mps[0] >> S16))),
+            if NW == 1:
+                m0 = gmin1(int32(min(uint32(mps[0] & B2), uint32(mps[0] >> S16))), scratch, wi, lane)
+                m1 = m0
+                m2 = m0
+            else:
+                m0, m1, m2 = gmin3(int32(min(uint32(mps[0] & B2), uint32(mps[0] >> S16))),
                                    int32(min(uint32(mps[1] & B2), uint32(mps[1] >> S16))),
                                    int32(min(uint32(mps[2] & B2), uint32(mps[2] >> S16))), scratch, wi, lane)
-            for j in range(3):
+            for j in range(NW):
                 if act[j] != 0:
                     mloc = m0 if j == 0 else (m1 if j == 1 else m2)
                     ms[j] = mloc

@@ -602,8 +602,9 @@ class CudaBackend:
         (kcost.COST_PARTS), for the pair to start on each part as it is made."""
         h, w = left.shape
         cells = h * w * ndisp
-        if (kagg.SGM_ATOMIC and kband.use_bands(ndisp, paths, cells, kagg.sgm_shape(ndisp)[2])
-                and kband.horizontal_first(cells)):
+        vec = kagg.sgm_shape(ndisp)[2]
+        if kagg.SGM_ATOMIC and ((kband.use_bands(ndisp, paths, cells, vec) and kband.horizontal_first(cells))
+                                or kband.use_bands4(ndisp, paths, cells, vec)):
             return self.census_volume(left, right, min_d, ndisp, wx, wy, parts=kcost.COST_PARTS)
         return None
 
@@ -699,8 +700,12 @@ class CudaBackend:
         per direction; 2-10 % more kernel time at 1920x1080, less at the KITTI size: see
         aggregate.SGM_ATOMIC). 8 paths at large sizes: the six vertical and diagonal paths
         in bands (aggregate_bands) and the horizontal pair beside or before them; 4 paths
-        at large sizes: the vertical pair, then the horizontal pair (aggregate.pairs_apart).
-        With bands, from select.SELECT_WITH_BANDS_MIN_CELLS, the result lists the ranges
+        from 1920x1080 / 128: the vertical pair, then the horizontal pair
+        (aggregate.pairs_apart); from 1920x1080 / 256: the horizontal pair, then the
+        vertical pair in bands (aggregate_bands.use_bands4). Where the horizontal pair runs
+        first, it starts on the census volume's parts of rows as they are made
+        (census_codes, _horizontal_first). With bands, from
+        select.SELECT_WITH_BANDS_MIN_CELLS (4 paths: always), the result lists the ranges
         of rows in the order the bands finish them, each with the events to wait for
         (PathVolumes.ready), so that the selection can start before the last band."""
         h, w, n = vol.shape
@@ -711,8 +716,9 @@ class CudaBackend:
         vec = kagg.sgm_shape(n)[2]
         cells = h * w * n
         bands = kagg.SGM_ATOMIC and kband.use_bands(n, paths, cells, vec)
-        apart = kagg.SGM_ATOMIC and not bands and kagg.pairs_apart(paths, cells)
-        first = (bands and kband.horizontal_first(cells)) or apart
+        bands4 = kagg.SGM_ATOMIC and kband.use_bands4(n, paths, cells, vec)
+        apart = kagg.SGM_ATOMIC and not bands and not bands4 and kagg.pairs_apart(paths, cells)
+        first = (bands and kband.horizontal_first(cells)) or apart or bands4
         if kagg.SGM_ATOMIC:  # (first: the pair launched first stores where it comes first, so no zeros)
             sp = (self._empty if first else self._zeros)((1, h, w, n), np.uint16 if vec else np.uint32)
         else:
@@ -721,6 +727,12 @@ class CudaBackend:
         p2t = self._p2_table(p1, p2, adaptive)
         g1, s1 = guide.reshape(h * w), self._rows(sp, vec)
         args = (c1, g1, h, w, n, p1, p2t, s1)
+        if bands4:  # the horizontal pair storing, then the vertical pair in bands of one walk a group
+            parts = self._horizontal_first(args, paths, vol, horizontal=False)
+            ready = self._sgm_bands(c1, g1, h, w, n, p1, p2t, s1[0], vec, parts, nw=1, overlap=True)
+            if parts:
+                self._join(parts[1])
+            return PathVolumes(sp, vec, ready)
         if apart:
             self._sgm_lines(args, paths, "rest", self.stream, first_store=True)
             self._sgm_lines(args, paths, "horizontal", self.stream)
@@ -760,21 +772,21 @@ class CudaBackend:
         self._launcher.launch(kernel, (starts.shape[0] + per_block - 1) // per_block, threads, stream,
                               *args, dirs, starts)
 
-    def _horizontal_first(self, args, paths, vol):
+    def _horizontal_first(self, args, paths, vol, horizontal=True):
         """The horizontal pair alone, storing where its walks come first (before the
         bands). Where census_volume made `vol` in parts of rows (its _cost_rows), each
         part's lines start on a side stream as soon as that part is made, while the
         census goes on with the next (the horizontal lines are in row order)."""
         parts, self._cost_rows = self._cost_rows, None
         if parts is None or parts[0] is not vol:
-            self._sgm_lines(args, paths, "horizontal", self.stream, first_store=True, horizontal=True)
+            self._sgm_lines(args, paths, "horizontal", self.stream, first_store=True, horizontal=horizontal)
             return None
         skip = 2 + ksel.SELECT_STREAMS  # (the bands' and the selection's side streams)
         sides = self._side_streams(skip + len(parts[1]))[skip:]
         done = []
         for (y0, y1, made), side in zip(parts[1], sides):
             made.wait(side)
-            self._sgm_lines(args, paths, "horizontal", side, first_store=True, horizontal=True, lines=(y0, y1))
+            self._sgm_lines(args, paths, "horizontal", side, first_store=True, horizontal=horizontal, lines=(y0, y1))
             if kband.FOLLOW_HORIZONTAL:
                 done.append((y0, y1, self._event()))
                 done[-1][2].record(side)
@@ -797,28 +809,29 @@ class CudaBackend:
             done.record(st)
             done.wait(self.stream)
 
-    def _sgm_bands(self, c1, g1, h, w, n, p1, p2t, s1, vec, horizontal=None):
+    def _sgm_bands(self, c1, g1, h, w, n, p1, p2t, s1, vec, horizontal=None, nw=3, overlap=None):
         """The six vertical and diagonal paths in bands of rows (aggregate_bands), adding
         into the flat sum s1: the bands from the top for the paths from above, and from
         the bottom for the paths from below, each band starting from the carry the band
         before left. kband.SWEEPS_AT_ONCE: the two sweeps run at once, the one from below
         on a side stream with its own carry (their atomic adds commute). Returns, when the
-        selection follows the bands (select.select_with_bands), the ranges of rows in the
-        order they finish with the events of the bands each waits for; else None.
-        `horizontal`: ([(first row, end row, event)], streams) of the horizontal pair's
-        parts still running (_horizontal_first): each band waits for the parts of its rows
-        only (the pair stores where the bands add), not for the whole pair."""
+        selection follows the bands (`overlap`, by default select.select_with_bands), the
+        ranges of rows in the order they finish with the events of the bands each waits
+        for; else None. `horizontal`: ([(first row, end row, event)], streams) of the
+        horizontal pair's parts still running (_horizontal_first): each band waits for the
+        parts of its rows only (the pair stores where the bands add), not for the whole
+        pair. nw = 1: the vertical paths alone (4 paths), a walk a group."""
         R = kband.BAND_ROWS
-        kernel, per_block, threads = kband.band_kernel_for(n, vec, kband.walks(h, w, 0, 1, R), kagg._sm_count())
+        kernel, per_block, threads = kband.band_kernel_for(n, vec, kband.walks(h, w, 0, 1, R, nw), kagg._sm_count(), nw)
         at_once = kband.SWEEPS_AT_ONCE and not kc.SIM
-        carry = self._empty((2, 2, 3 * w * n // 2), np.uint32)  # [sweep, turn]: uint16 pairs
-        mins = self._empty((2, 2, 3 * w), np.int32)
+        carry = self._empty((2, 2, nw * w * n // 2), np.uint32)  # [sweep, turn]: uint16 pairs
+        mins = self._empty((2, 2, nw * w), np.int32)
         # the views, taken once (a device array's slicing costs more host time than a launch)
         turns = [[(carry[k, t], mins[k, t]) for t in (0, 1)] for k in (0, 1)]
         if not at_once:
             turns[1] = turns[0]  # the sweep from below after the one from above, in the same carry
         streams = [self.stream, self.stream]
-        overlap = ksel.select_with_bands(h * w * n)
+        overlap = ksel.select_with_bands(h * w * n) if overlap is None else overlap
         if at_once:
             streams[1] = self._side_streams(2)[1]
             self._fork(streams[1:])  # the volume, the sum and what came before on the main stream
@@ -835,7 +848,7 @@ class CudaBackend:
                     if y0 < hi and y1 > lo and i not in waited[k]:
                         part_done.wait(streams[k])
                         waited[k].add(i)
-            blocks = (kband.walks(h, w, ys, dy, R) + per_block - 1) // per_block
+            blocks = (kband.walks(h, w, ys, dy, R, nw) + per_block - 1) // per_block
             (c_in, m_in), (c_out, m_out) = turns[k][(b + 1) & 1], turns[k][b & 1]  # (b == 0: c_in unread)
             self._launcher.launch(kernel, blocks, threads, streams[k], c1, g1, h, w, n, p1, p2t, s1, ys, R, dy,
                                   c_in, m_in, c_out, m_out, b == 0)
