@@ -219,21 +219,22 @@ def test_horizontal_pair_starts_on_the_census_rows_made_so_far(rng, monkeypatch,
     np.testing.assert_array_equal(sums, CPU.sgm(cpu_vol, L, 20, 200, True, 8))
 
 
-@pytest.mark.parametrize("ndisp", [128, 256])
+@pytest.mark.parametrize("ndisp,lanes", [(128, 16), (128, 32), (256, 32)])
 @pytest.mark.parametrize("rows", [3, 64])
 @pytest.mark.parametrize("parts", [1, 4])
-def test_four_paths_in_bands_bit_exact(rng, monkeypatch, parts, rows, ndisp):
-    """4 paths as the GPU runs them from 1920x1080 / 256: the horizontal pair first
-    (storing into a sum nobody zeroed, in parts as the census volume is made), then the
-    vertical pair in bands of one walk a group, each band after the pair's parts over
-    its rows, the selection following the bands: the CPU's sums and its left and right
-    maps."""
-    if not REAL_GPU and (ndisp == 256 or rows == 64):
-        pytest.skip("the simulator runs one small count, in short bands")
+def test_four_paths_in_bands_bit_exact(rng, monkeypatch, parts, rows, ndisp, lanes):
+    """4 paths as the GPU runs them at large sizes: the horizontal pair first (storing
+    into a sum nobody zeroed, in parts as the census volume is made), then the vertical
+    pair in bands of one walk a group (at 128 disparities half a warp or a warp a walk,
+    `lanes`), each band after the pair's parts over its rows, the selection following
+    the bands: the CPU's sums and its left and right maps."""
+    if not REAL_GPU and (ndisp == 256 or rows == 64 or lanes == 16):
+        pytest.skip("the simulator runs one small count (one lane a walk), in short bands")
     from stereocli.backends.cuda import aggregate_bands as kband
     from stereocli.backends.cuda import cost as kcost
     monkeypatch.setattr(kband, "BANDS4", "on")
-    monkeypatch.setattr(kband, "BAND_ROWS", rows)
+    monkeypatch.setattr(kband, "LANES_128_4", lanes)
+    monkeypatch.setattr(kband, "BAND4_ROWS", rows)
     monkeypatch.setattr(kcost, "COST_PARTS", parts)
     _poison_empty(monkeypatch)
     n = ndisp if REAL_GPU else 8

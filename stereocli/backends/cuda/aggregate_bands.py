@@ -78,15 +78,25 @@ BAND_MIN_CELLS = {128: 3 << 24, 256: 1 << 28}
 HFIRST_MIN_CELLS = 3 << 27  # horizontal_first "auto"
 # 4 paths: the horizontal pair first (in parts as the census volume is made), then the
 # vertical pair in bands of one walk a group, the selection following the bands (use_bands4).
-# From BANDS4_MIN_CELLS cells (W x H x D), as for horizontal_first. H100, kernel ms (gpu.py's
-# kernel_times, best of 10), the vertical pair then the horizontal pair as line kernels
-# (aggregate.pairs_apart) / in bands: 1920x1080/256/4 5.51 / 5.28, 3840x2160/256/4 21.65 /
-# 19.31 (aggregation 17.9 / 13.4, selection after the aggregation 2.23 / 0.19); not below:
-# 1920x1080/128/4 2.708-2.711 / 2.717-2.736 with 4 parts, 2.763-2.779 in one part, 2.72-2.73
-# in 8, 2.79-2.80 with bands of 32 rows, 2.83 without the selection following (two rounds),
-# and the thirty-first session's measurements at 1242x375 and 741x500 (docs/speed.md).
+# From BANDS4_MIN_CELLS cells (W x H x D). H100, kernel ms (gpu.py's kernel_times, best of
+# 10), the vertical pair then the horizontal pair as line kernels (aggregate.pairs_apart) /
+# in bands: 1920x1080/256/4 5.51 / 5.28, 3840x2160/256/4 21.65 / 19.31 (aggregation 17.9 /
+# 13.4, selection after the aggregation 2.23 / 0.19), 3840x2160/128/4 11.09 / 9.60,
+# 1920x1080/128/4 2.705-2.719 / 2.642-2.648 (band4_shape); at 1920x1080/128/4 with half a
+# warp a walk 2.72-2.74 whether the volume came in 4 parts or 8 (one: 2.76-2.78), and 2.83
+# without the selection following. Not below 2^27 cells: the thirty-first session's
+# measurements at 1242x375 and 741x500 (docs/speed.md).
 BANDS4 = os.environ.get("STEREOCLI_SGM_BANDS4", "auto")  # auto | on | off
-BANDS4_MIN_CELLS = 3 << 27
+# The 4-path bands below BAND4_WIDE_MIN_CELLS cells: a warp a walk at 128 disparities
+# (one cost word a lane) and bands of twice BAND_ROWS rows; from there half a warp a walk
+# and BAND_ROWS. H100, kernel ms, two rounds alternated in one process: 1920x1080/128/4
+# the pairs apart 2.705-2.719, in bands of 16 lanes 2.718-2.723, 32 lanes 2.662-2.663
+# (128 rows 2.642-2.648, 32 rows 2.762-2.772); 3840x2160/128/4 apart 11.09, 16 lanes 9.60,
+# 32 lanes 9.68. STEREOCLI_SGM_BAND4_LANES=16|32 and STEREOCLI_SGM_BAND4_ROWS override.
+BAND4_WIDE_MIN_CELLS = 1 << 29
+LANES_128_4 = int(os.environ.get("STEREOCLI_SGM_BAND4_LANES", "0"))  # 0: by size (band4_shape)
+BAND4_ROWS = int(os.environ.get("STEREOCLI_SGM_BAND4_ROWS", "0"))  # 0: by size (band4_shape)
+BANDS4_MIN_CELLS = 1 << 27
 _KERNELS = {}
 
 
@@ -121,13 +131,24 @@ def horizontal_first(cells: int) -> bool:
     return auto_on_off(HFIRST, cells >= HFIRST_MIN_CELLS)
 
 
-def walk_lanes(n: int) -> int:
-    """Lanes of a walk for n disparities: a warp's (32) from 256 disparities, LANES_128 at
-    128, so that a lane holds two cost words (the simulator: its warp's lanes)."""
-    return LANES_128 if not SIM and n == 128 else L
+def band4_shape(cells: int) -> tuple:
+    """(lanes a walk at 128 disparities, rows a band) of the 4-path bands over `cells`
+    cells (W x H x D): see BAND4_WIDE_MIN_CELLS."""
+    wide = cells >= BAND4_WIDE_MIN_CELLS
+    return LANES_128_4 or (16 if wide else 32), BAND4_ROWS or (BAND_ROWS if wide else 2 * BAND_ROWS)
 
 
-def band_kernel_for(n: int, vec: bool, walks: int = 0, sms: int = 1, nw: int = 3):
+def walk_lanes(n: int, nw: int = 3, cells: int = 0) -> int:
+    """Lanes of a walk for n disparities: a warp's (32) from 256 disparities, at 128
+    LANES_128 for the 8-path bands (three walks a group, so that a lane holds two cost
+    words) and band4_shape's for the 4-path ones over `cells` cells (nw = 1) (the
+    simulator: its warp's lanes)."""
+    if SIM or n != 128:
+        return L
+    return LANES_128 if nw == 3 else band4_shape(cells)[0]
+
+
+def band_kernel_for(n: int, vec: bool, walks: int = 0, sms: int = 1, nw: int = 3, cells: int = 0):
     """(kernel, walks per block, threads per block) for n disparities (walk_lanes lanes
     of K4 = n / (4 lanes) words a walk) and a first band of `walks` walk groups on `sms`
     SMs: capped at BAND_REGISTER_CAP registers when the uncapped kernel (72 registers,
@@ -139,7 +160,7 @@ def band_kernel_for(n: int, vec: bool, walks: int = 0, sms: int = 1, nw: int = 3
     at 64 registers 15.2-15.3 (one wave, a few bytes spilled); 1920x1080/256/8 (496
     blocks, one wave either way) 5.8-6.0 / 6.3-6.5."""
     cc = (0, 0) if SIM else tuple(cuda.get_current_device().compute_capability)
-    lw = walk_lanes(n)
+    lw = walk_lanes(n, nw, cells)
     per_block = SGM_WARPS * (L // lw)
     capped = nw == 3 and (walks + per_block - 1) // per_block > UNCAPPED_BLOCKS_PER_SM * sms
     key = (n // (4 * lw), lw, vec, cc, capped, nw)
