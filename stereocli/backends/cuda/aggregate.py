@@ -561,7 +561,8 @@ SGM_PAIRS_APART_MIN_CELLS = 1 << 27
 
 def pairs_apart(paths, cells):
     """Whether SGM over 4 paths and `cells` cells (W x H x D) runs the vertical pair
-    first, then the horizontal pair (SGM_PAIRS_APART)."""
+    first, then the horizontal pair (SGM_PAIRS_APART), where the vertical pair does not
+    run in bands (aggregate_bands.use_bands4, which the backend asks first)."""
     return paths == 4 and auto_on_off(SGM_PAIRS_APART, cells >= SGM_PAIRS_APART_MIN_CELLS)
 
 

@@ -597,15 +597,16 @@ class CudaBackend:
     # ------------------------------------------------------------ costs
     def census_codes(self, left, right, min_d, ndisp, wx, wy, paths):
         """None (the SGM kernels read a stored volume, which the pipeline then asks
-        census_volume for), except where SGM will run the horizontal pair first (8 paths
-        in bands, aggregate_bands.horizontal_first): then the volume, made in parts of rows
-        (kcost.COST_PARTS), for the pair to start on each part as it is made."""
+        census_volume for), except where SGM will run the horizontal pair first before
+        bands (8 paths: aggregate_bands.horizontal_first; 4 paths: use_bands4): then the
+        volume, made in parts of rows (kcost.COST_PARTS), for the pair to start on each
+        part as it is made."""
         h, w = left.shape
         cells = h * w * ndisp
         vec = kagg.sgm_shape(ndisp)[2]
         if kagg.SGM_ATOMIC and ((kband.use_bands(ndisp, paths, cells, vec) and kband.horizontal_first(cells))
                                 or kband.use_bands4(ndisp, paths, cells, vec)):
-            return self.census_volume(left, right, min_d, ndisp, wx, wy, parts=kcost.COST_PARTS)
+            return self._census_volume(left, right, min_d, ndisp, wx, wy, kcost.COST_PARTS)
         return None
 
     def census_strings(self, left, right, wx, wy):
@@ -622,7 +623,10 @@ class CudaBackend:
         self._launch(census, ((w + per * bx - 1) // (per * bx), (h + by - 1) // by, 2), (bx, by), left, right, cl, cr)
         return cl, cr
 
-    def census_volume(self, left, right, min_d, ndisp, wx, wy, parts=1):
+    def census_volume(self, left, right, min_d, ndisp, wx, wy):
+        return self._census_volume(left, right, min_d, ndisp, wx, wy, 1)
+
+    def _census_volume(self, left, right, min_d, ndisp, wx, wy, parts):
         """The census volume (uint8 h x w x ndisp); in `parts` launches of rows, each
         followed by an event listed in _cost_rows (for _horizontal_first), where the
         kernel with a thread per pixel makes it."""
@@ -700,9 +704,9 @@ class CudaBackend:
         per direction; 2-10 % more kernel time at 1920x1080, less at the KITTI size: see
         aggregate.SGM_ATOMIC). 8 paths at large sizes: the six vertical and diagonal paths
         in bands (aggregate_bands) and the horizontal pair beside or before them; 4 paths
-        from 1920x1080 / 128: the vertical pair, then the horizontal pair
-        (aggregate.pairs_apart); from 1920x1080 / 256: the horizontal pair, then the
-        vertical pair in bands (aggregate_bands.use_bands4). Where the horizontal pair runs
+        at large sizes: the horizontal pair, then the vertical pair in bands
+        (aggregate_bands.use_bands4: disparities a multiple of 128), else the vertical
+        pair, then the horizontal pair (aggregate.pairs_apart). Where the horizontal pair runs
         first, it starts on the census volume's parts of rows as they are made
         (census_codes, _horizontal_first). With bands, from
         select.SELECT_WITH_BANDS_MIN_CELLS (4 paths: always), the result lists the ranges
@@ -728,22 +732,14 @@ class CudaBackend:
         g1, s1 = guide.reshape(h * w), self._rows(sp, vec)
         args = (c1, g1, h, w, n, p1, p2t, s1)
         if bands4:  # the horizontal pair storing, then the vertical pair in bands of one walk a group
-            parts = self._horizontal_first(args, paths, vol, horizontal=False)
-            ready = self._sgm_bands(c1, g1, h, w, n, p1, p2t, s1[0], vec, parts, nw=1, overlap=True)
-            if parts:
-                self._join(parts[1])
-            return PathVolumes(sp, vec, ready)
+            return PathVolumes(sp, vec, self._horizontal_then_bands(args, paths, vol, vec, nw=1))
         if apart:
             self._sgm_lines(args, paths, "rest", self.stream, first_store=True)
             self._sgm_lines(args, paths, "horizontal", self.stream)
         elif not bands:
             self._sgm_lines(args, paths, "all", self.stream)
         elif first:
-            parts = self._horizontal_first(args, paths, vol)
-            ready = self._sgm_bands(c1, g1, h, w, n, p1, p2t, s1[0], vec, parts)
-            if parts:
-                self._join(parts[1])
-            return PathVolumes(sp, vec, ready)
+            return PathVolumes(sp, vec, self._horizontal_then_bands(args, paths, vol, vec))
         else:  # the horizontal pair on a side stream, beside the bands
             side = self._side_streams(1)[0]
             self._fork([side])
@@ -772,11 +768,26 @@ class CudaBackend:
         self._launcher.launch(kernel, (starts.shape[0] + per_block - 1) // per_block, threads, stream,
                               *args, dirs, starts)
 
+    def _horizontal_then_bands(self, args, paths, vol, vec, nw=3):
+        """The horizontal pair first (_horizontal_first), then the other paths in bands
+        (_sgm_bands: the six others, or with nw = 1 the vertical pair of 4 paths, whose
+        selection always follows the bands); returns _sgm_bands' ranges of rows."""
+        c1, g1, h, w, n, p1, p2t, s1 = args
+        parts = self._horizontal_first(args, paths, vol, horizontal=nw == 3)
+        ready = self._sgm_bands(c1, g1, h, w, n, p1, p2t, s1[0], vec, parts, nw=nw,
+                                overlap=True if nw == 1 else None)
+        if parts:
+            self._join(parts[1])
+        return ready
+
     def _horizontal_first(self, args, paths, vol, horizontal=True):
         """The horizontal pair alone, storing where its walks come first (before the
         bands). Where census_volume made `vol` in parts of rows (its _cost_rows), each
         part's lines start on a side stream as soon as that part is made, while the
-        census goes on with the next (the horizontal lines are in row order)."""
+        census goes on with the next (the horizontal lines are in row order); then the
+        result is (the parts' rows and events when done, their streams) for _sgm_bands to
+        follow, else None. `horizontal`: the line kernel's shape for the pair alone
+        (aggregate.sgm_shape; the 4-path pair keeps the general one)."""
         parts, self._cost_rows = self._cost_rows, None
         if parts is None or parts[0] is not vol:
             self._sgm_lines(args, paths, "horizontal", self.stream, first_store=True, horizontal=horizontal)
