@@ -85,7 +85,7 @@ class Backend(Protocol):
         from as it sweeps, instead of reading a stored volume, or None: then the pipeline
         asks for the volume. The CPU gives its census strings (stages/cost.CensusCodes)
         for large volumes; the GPU wants the volume, and makes it here in parts of rows
-        where its SGM can start on each part as it is made (8 paths at large sizes)."""
+        where its SGM can start on each part as it is made (large sizes)."""
 
     def diff_volume(self, left: Array, right: Array, min_d: int, ndisp: int, kind: int) -> Array:
         """float32 (H, W, ndisp) per-pixel difference of `kind` (cost.ABS, SQ, PROD, BT)."""

@@ -602,12 +602,20 @@ class CudaBackend:
         volume, made in parts of rows (kcost.COST_PARTS), for the pair to start on each
         part as it is made."""
         h, w = left.shape
-        cells = h * w * ndisp
-        vec = kagg.sgm_shape(ndisp)[2]
-        if kagg.SGM_ATOMIC and ((kband.use_bands(ndisp, paths, cells, vec) and kband.horizontal_first(cells))
-                                or kband.use_bands4(ndisp, paths, cells, vec)):
+        if self._sgm_plan(ndisp, paths, h * w * ndisp)[3]:
             return self._census_volume(left, right, min_d, ndisp, wx, wy, kcost.COST_PARTS)
         return None
+
+    @staticmethod
+    def _sgm_plan(n, paths, cells):
+        """How sgm runs n disparities over `paths` directions and `cells` cells: (8 paths
+        in bands, 4 paths in bands, 4 paths as the pairs apart, the horizontal pair alone
+        before bands)."""
+        vec = kagg.sgm_shape(n)[2]
+        bands = kagg.SGM_ATOMIC and kband.use_bands(n, paths, cells, vec)
+        bands4 = kagg.SGM_ATOMIC and kband.use_bands4(n, paths, cells, vec)
+        apart = kagg.SGM_ATOMIC and not bands and not bands4 and kagg.pairs_apart(paths, cells)
+        return bands, bands4, apart, (bands and kband.horizontal_first(cells)) or bands4
 
     def census_strings(self, left, right, wx, wy):
         """The census strings of both images (uint64 each, census_at's): 8-bit images by
@@ -636,14 +644,14 @@ class CudaBackend:
         self._cost_rows = None
         if ndisp % 8 == 0 and ndisp <= kcost.TILE_MAX_D:
             kernel, tiles = kcost.census_volume_px_kernel_for(wx * wy - 1), (w + kcost.PX_TILE - 1) // kcost.PX_TILE
-            chunks = kcost.row_chunks(h, parts)
-            for y0, y1 in chunks:
+            made = []
+            for y0, y1 in kcost.row_chunks(h, parts):
                 self._launch(kernel, (tiles, y1 - y0), kcost.PX_THREADS, cl, cr, min_d, vol.view(np.uint64), np.int32(y0))
-                if len(chunks) > 1:
-                    done = self._event()
-                    done.record(self.stream)
-                    self._cost_rows = self._cost_rows or (vol, [])
-                    self._cost_rows[1].append((y0, y1, done))
+                if parts > 1:
+                    made.append((y0, y1, self._event()))
+                    made[-1][2].record(self.stream)
+            if len(made) > 1:
+                self._cost_rows = (vol, made)
         elif ndisp % 4 == 0 and not kc.SIM:
             self._launch_rows(kcost.census_volume4_kernel, h, w * ndisp // 4, cl, cr, min_d,
                               self._census_scale(wx * wy - 1), vol.view(np.uint32))
@@ -718,11 +726,8 @@ class CudaBackend:
                               f"use --device cpu")
         pairs = aggregate.direction_pairs(paths)
         vec = kagg.sgm_shape(n)[2]
-        cells = h * w * n
-        bands = kagg.SGM_ATOMIC and kband.use_bands(n, paths, cells, vec)
-        bands4 = kagg.SGM_ATOMIC and kband.use_bands4(n, paths, cells, vec)
-        apart = kagg.SGM_ATOMIC and not bands and not bands4 and kagg.pairs_apart(paths, cells)
-        first = (bands and kband.horizontal_first(cells)) or apart or bands4
+        bands, bands4, apart, horizontal_first = self._sgm_plan(n, paths, h * w * n)
+        first = horizontal_first or apart
         if kagg.SGM_ATOMIC:  # (first: the pair launched first stores where it comes first, so no zeros)
             sp = (self._empty if first else self._zeros)((1, h, w, n), np.uint16 if vec else np.uint32)
         else:
