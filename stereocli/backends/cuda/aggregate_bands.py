@@ -97,6 +97,22 @@ BAND4_WIDE_MIN_CELLS = 1 << 29
 LANES_128_4 = int(os.environ.get("STEREOCLI_SGM_BAND4_LANES", "0"))  # 0: by size (band4_shape)
 BAND4_ROWS = int(os.environ.get("STEREOCLI_SGM_BAND4_ROWS", "0"))  # 0: by size (band4_shape)
 BANDS4_MIN_CELLS = 1 << 27
+# The 4-path bands' horizontal pair (run first) in the shape of the 8-path one
+# (aggregate.sgm_shape's `horizontal`: SGM_HORIZONTAL_K = 8 disparities a lane, a warp a
+# line at 256) from PAIR4_HSHAPE_FROM disparities, else the general shape (K = 16, half
+# a warp a line at 256; K = 4 at 128). H100, kernel ms (gpu.py's kernel_times, best of
+# 10), three rounds alternated in one process (thirty-sixth session), general / the
+# 8-path pair's shape: 1920x1080/256/4 5.28-5.30 / 5.13-5.14 (two more rounds: 5.28-5.30 /
+# 5.13-5.14), 3840x2160/256/4 19.43-19.50 / 18.99-19.00; at 128 (K = 8, half a warp a
+# line) 1920x1080/128/4 2.63-2.64 / 3.28-3.30 and 3840x2160/128/4 9.59-9.69 / 10.53-10.57.
+# STEREOCLI_SGM_PAIR4_HSHAPE_FROM overrides it.
+PAIR4_HSHAPE_FROM = int(os.environ.get("STEREOCLI_SGM_PAIR4_HSHAPE_FROM", "256"))
+
+
+def pair4_horizontal_shape(n: int) -> bool:
+    """Whether the 4-path bands' horizontal pair over n disparities takes the 8-path
+    pair's shape (PAIR4_HSHAPE_FROM; up to a warp's lanes of 8 disparities, 256)."""
+    return PAIR4_HSHAPE_FROM <= n <= 256
 _KERNELS = {}
 
 

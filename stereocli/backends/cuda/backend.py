@@ -778,7 +778,7 @@ class CudaBackend:
         (_sgm_bands: the six others, or with nw = 1 the vertical pair of 4 paths, whose
         selection always follows the bands); returns _sgm_bands' ranges of rows."""
         c1, g1, h, w, n, p1, p2t, s1 = args
-        parts = self._horizontal_first(args, paths, vol, horizontal=nw == 3)
+        parts = self._horizontal_first(args, paths, vol, horizontal=nw == 3 or kband.pair4_horizontal_shape(n))
         ready = self._sgm_bands(c1, g1, h, w, n, p1, p2t, s1[0], vec, parts, nw=nw,
                                 overlap=True if nw == 1 else None)
         if parts:
@@ -792,7 +792,7 @@ class CudaBackend:
         census goes on with the next (the horizontal lines are in row order); then the
         result is (the parts' rows and events when done, their streams) for _sgm_bands to
         follow, else None. `horizontal`: the line kernel's shape for the pair alone
-        (aggregate.sgm_shape; the 4-path pair keeps the general one)."""
+        (aggregate.sgm_shape; the 4-path pair: aggregate_bands.pair4_horizontal_shape)."""
         parts, self._cost_rows = self._cost_rows, None
         if parts is None or parts[0] is not vol:
             self._sgm_lines(args, paths, "horizontal", self.stream, first_store=True, horizontal=horizontal)
