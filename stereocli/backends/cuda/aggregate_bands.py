@@ -33,8 +33,8 @@ kernel for every path / with bands (twentieth session): 1920x1080/256/8 11.40 / 
 the register cap (twenty-first): 8.07 and 29.83 ms; with both sweeps at once and the
 horizontal pair at 8 disparities a lane (twenty-second): 7.25 and 28.26 ms, and
 1920x1080/128/8 4.91 -> 3.93 ms with bands of half-warp walks. Rows per band: 64
-(1920x1080/256 with 16 / 32 / 64 rows, bands alone: 5.9 / 5.7 / 5.4-5.8 ms); loading two
-or three rows ahead instead of one was slower.
+(1920x1080/256 with 16 / 32 / 64 rows, bands alone: 5.9 / 5.7 / 5.4-5.8 ms), 32 at
+3840x2160/256 (rows_a_band); loading two or three rows ahead instead of one was slower.
 """
 import functools
 import os
@@ -63,6 +63,16 @@ SWEEPS_AT_ONCE = os.environ.get("STEREOCLI_SGM_SWEEPS", "together") == "together
 # whole pair. STEREOCLI_SGM_FOLLOW_HORIZONTAL=1|0 (measurements).
 FOLLOW_HORIZONTAL = os.environ.get("STEREOCLI_SGM_FOLLOW_HORIZONTAL", "1") == "1"
 BAND_ROWS = int(os.environ.get("STEREOCLI_SGM_BAND_ROWS", "4" if SIM else "64"))
+# The 8-path bands at 256 disparities and more from BAND_ROWS_LARGE_MIN_CELLS cells (W x H
+# x D; 3840x2160 / 256) take bands of BAND_ROWS_LARGE rows (rows_a_band). H100, kernel ms
+# (gpu.py's kernel_times, best of 10), rounds alternated in one process over two machine
+# starts (thirty-sixth session), bands of 64 / 32 / 48 / 24 / 96 / 128 / 16 rows:
+# 3840x2160/256/8 24.44-24.59 (5 rounds) / 24.01-24.13 (5) / 24.07-24.12 (3) /
+# 24.22-24.40 / 25.52-25.70 / 27.57-27.86 / 26.03-26.09; but 3840x2160/128/8 64 / 32
+# rows 13.04-13.08 / 13.09-13.15, 1920x1080/256/8 6.36 / 6.34-6.37, and the 4-path bands
+# (band4_shape) at 3840x2160/256/4 19.00 / 19.45-19.49. STEREOCLI_SGM_BAND_ROWS sets both.
+BAND_ROWS_LARGE = int(os.environ.get("STEREOCLI_SGM_BAND_ROWS", "4" if SIM else "32"))
+BAND_ROWS_LARGE_MIN_CELLS = 1 << 30
 BAND_REGISTER_CAP = 64  # 8 blocks of 4 warps an SM: a 3840-wide band's walks in one wave (band_kernel_for)
 UNCAPPED_BLOCKS_PER_SM = 7  # the kernel's blocks an SM uncapped (72 registers, H100)
 # The counts "auto" bands, from how many cells (W x H x D). 256: 1920x1080 and up. 128:
@@ -145,6 +155,12 @@ def horizontal_first(cells: int) -> bool:
     3840x2160/128/8 13.4 / 12.27-12.32, 3840x2160/256/8 26.7 / 22.98-22.99.
     STEREOCLI_SGM_HFIRST=auto|on|off."""
     return auto_on_off(HFIRST, cells >= HFIRST_MIN_CELLS)
+
+
+def rows_a_band(n: int, cells: int) -> int:
+    """Rows a band of the 8-path bands over n disparities and `cells` cells (W x H x D):
+    BAND_ROWS, or BAND_ROWS_LARGE at 256 disparities and more from BAND_ROWS_LARGE_MIN_CELLS."""
+    return BAND_ROWS_LARGE if n >= 256 and cells >= BAND_ROWS_LARGE_MIN_CELLS else BAND_ROWS
 
 
 def band4_shape(cells: int) -> tuple:

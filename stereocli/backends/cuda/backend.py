@@ -837,7 +837,7 @@ class CudaBackend:
         horizontal pair's parts still running (_horizontal_first): each band waits for the
         parts of its rows only (the pair stores where the bands add), not for the whole
         pair. nw = 1: the vertical paths alone (4 paths), a walk a group."""
-        R = kband.BAND_ROWS if nw == 3 else kband.band4_shape(h * w * n)[1]
+        R = kband.rows_a_band(n, h * w * n) if nw == 3 else kband.band4_shape(h * w * n)[1]
         kernel, per_block, threads = kband.band_kernel_for(n, vec, kband.walks(h, w, 0, 1, R, nw), kagg._sm_count(), nw,
                                                            h * w * n)
         at_once = kband.SWEEPS_AT_ONCE and not kc.SIM
