@@ -123,6 +123,8 @@ def pair4_horizontal_shape(n: int) -> bool:
     """Whether the 4-path bands' horizontal pair over n disparities takes the 8-path
     pair's shape (PAIR4_HSHAPE_FROM; up to a warp's lanes of 8 disparities, 256)."""
     return PAIR4_HSHAPE_FROM <= n <= 256
+
+
 _KERNELS = {}
 
 
