@@ -23,6 +23,7 @@ pytestmark = pytest.mark.skipif(not SHARED_DATA.exists(), reason="the benchmarks
     ("startup.py", ["--quick"]),
     ("video.py", ["--quick"]),
     ("gpu.py", ["--sim-check"]),  # under Numba's CUDA simulator
+    ("gpu_variants.py", ["--sim-check", "one-part:COST_PARTS=1"]),  # (the same)
     ("gpu_handoff.py", ["--sim-check"]),  # (the same)
     ("sgm_sweep.py", ["--sim-check"]),  # (the same)
     ("profile_kernels.py", ["48", "24", "8", "4", "1"]),  # (the same)
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.skipif(not SHARED_DATA.exists(), reason="the benchmarks
 ])
 def test_benchmark_runs_and_prints_json_lines(script, args):
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    if script in ("gpu.py", "gpu_handoff.py", "sgm_sweep.py", "profile_kernels.py"):
+    if script in ("gpu.py", "gpu_variants.py", "gpu_handoff.py", "sgm_sweep.py", "profile_kernels.py"):
         env["NUMBA_ENABLE_CUDASIM"] = "1"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], capture_output=True, text=True,
                        env={**env, "STEREOCLI_DATA": str(SHARED_DATA)}, timeout=600)
