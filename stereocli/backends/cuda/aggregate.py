@@ -567,8 +567,10 @@ def pairs_apart(paths, cells):
 
 
 def _line_k(ndisp, horizontal, cells):
-    """Disparities per lane of the SGM line kernel (see _SGM_KERNELS, SGM_HORIZONTAL_K)."""
-    if horizontal and (ndisp > 128 or (ndisp == 128 and cells >= SGM_HORIZONTAL_K8_MIN_CELLS)):
+    """Disparities per lane of the SGM line kernel (see _SGM_KERNELS, SGM_HORIZONTAL_K;
+    the horizontal pair's K up to the disparities a warp's lanes of it hold)."""
+    if horizontal and ndisp <= 32 * SGM_HORIZONTAL_K and (
+            ndisp > 128 or (ndisp == 128 and cells >= SGM_HORIZONTAL_K8_MIN_CELLS)):
         return SGM_HORIZONTAL_K
     return 4 if ndisp <= 128 else 16
 

@@ -120,9 +120,10 @@ PAIR4_HSHAPE_FROM = int(os.environ.get("STEREOCLI_SGM_PAIR4_HSHAPE_FROM", "256")
 
 
 def pair4_horizontal_shape(n: int) -> bool:
-    """Whether the 4-path bands' horizontal pair over n disparities takes the 8-path
-    pair's shape (PAIR4_HSHAPE_FROM; up to a warp's lanes of 8 disparities, 256)."""
-    return PAIR4_HSHAPE_FROM <= n <= 256
+    """Whether the 4-path bands' horizontal pair over n disparities asks for the 8-path
+    pair's shape (PAIR4_HSHAPE_FROM; aggregate.sgm_shape gives it up to what a warp
+    holds)."""
+    return n >= PAIR4_HSHAPE_FROM
 
 
 _KERNELS = {}
