@@ -63,12 +63,16 @@ def test_remote_scheduler_survives_a_killed_worker(tmp_path):
         cv2.imwrite(str(tmp_path / f"L/{i:03d}.png"), left)
         cv2.imwrite(str(tmp_path / f"R/{i:03d}.png"), right)
     addr = f"tcp://127.0.0.1:{_free_port()}"
+    logs = {name: tmp_path / f"{name}.log" for name in ("scheduler", "worker-0", "worker-1")}
+    handles = {name: path.open("w") for name, path in logs.items()}
+    env = {**ENV, "PYTHONFAULTHANDLER": "1"}  # (a hung batch, sent SIGABRT below, prints every thread's stack)
     procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port",
-                               addr.rsplit(":", 1)[1], "--no-dashboard"], stderr=subprocess.DEVNULL)]
+                               addr.rsplit(":", 1)[1], "--no-dashboard"], stderr=handles["scheduler"], env=env)]
+    batch = None
     try:
         workers = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", addr, "--nthreads", "1",
-                                     "--no-nanny", "--no-dashboard"], stderr=subprocess.DEVNULL,
-                                    env={**ENV, "NUMBA_NUM_THREADS": "1"}) for _ in range(2)]
+                                     "--no-nanny", "--no-dashboard"], stderr=handles[f"worker-{i}"],
+                                    env={**env, "NUMBA_NUM_THREADS": "1"}) for i in range(2)]
         procs += workers
         from distributed import Client
         with Client(addr, timeout="60s") as c:  # both workers up before the batch starts
@@ -77,13 +81,23 @@ def test_remote_scheduler_survives_a_killed_worker(tmp_path):
         batch = subprocess.Popen([sys.executable, "-m", "stereocli.cli", "batch", str(tmp_path / "L"),
                                   str(tmp_path / "R"), "-o", str(out), "-n", "16", "--device", "cpu",
                                   "--scheduler", addr], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 env=ENV)
+                                 env=env)
         deadline = time.time() + 120
         while time.time() < deadline and not (out.is_dir() and len(list(out.glob("*.png"))) >= 5):
             time.sleep(0.05)
         assert workers[0].poll() is None and len(list(out.glob("*.png"))) < 60  # killed mid-run
         workers[0].send_signal(signal.SIGKILL)
-        _, err = batch.communicate(timeout=300)
+        try:
+            _, err = batch.communicate(timeout=300)
+        except subprocess.TimeoutExpired:  # hung: say where, with the stacks and the cluster's logs
+            for proc in (batch, workers[1], procs[0]):  # the living worker's and the scheduler's too
+                proc.send_signal(signal.SIGABRT)
+            _, err = batch.communicate(timeout=60)
+            workers[1].wait(timeout=60)
+            procs[0].wait(timeout=60)
+            tails = "".join(f"\n--- {name}\n" + path.read_text()[-12000:] for name, path in logs.items())
+            pytest.fail(f"the batch hung after a worker was killed; {len(list(out.glob('*.png')))} outputs; "
+                        f"its stderr:\n{err[-12000:]}{tails}")
         assert batch.returncode == 0, err
         assert "60 done, 0 failed" in err
         written = sorted(out.iterdir())
@@ -91,9 +105,11 @@ def test_remote_scheduler_survives_a_killed_worker(tmp_path):
         first = written[0].read_bytes()
         assert all(p.read_bytes() == first for p in written)
     finally:
-        for p in procs:
+        for p in procs + ([batch] if batch is not None else []):
             p.kill()
             p.wait()
+        for f in handles.values():
+            f.close()
 
 
 def test_scheduler_without_dask_says_what_to_install(tmp_path):
