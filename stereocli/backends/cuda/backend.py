@@ -184,6 +184,8 @@ class CudaBackend:
         self._side = []  # _side_streams
         self._cost_rows = None  # (volume, [(first row, end row, event)]) of the last census volume made in parts
         self._events = []  # timing events free for reuse (recycle_marks)
+        self._order_free, self._order_used = [], []  # ordering events free, and handed out since the last sync (_event)
+        self._handles = {}  # id(stream) -> (stream, the driver's handle)
         self._tables = {}  # per-size constant tables on the device (path lines, census scale)
         self._pool = _POOL
         self._launcher = Launcher()
@@ -291,8 +293,8 @@ class CudaBackend:
         host = buf[:a.nbytes].view(a.dtype).reshape(a.shape)
         np.copyto(host, a)
         self._h2d(out, host, a.nbytes)
-        done = done or self._event()
-        done.record(self.stream)
+        done = done or self._kept_event()
+        self._record(done, self.stream)
         self._staging[k] = (buf, done)
         return out
 
@@ -341,8 +343,8 @@ class CudaBackend:
         for job, dptr, hptr, n in jobs:
             job.result()
             _check(_cu.cuMemcpyHtoDAsync(dptr, hptr, n, self._hstream), "cuMemcpyHtoDAsync")
-        done = done or self._event()
-        done.record(self.stream)
+        done = done or self._kept_event()
+        self._record(done, self.stream)
         self._pieces = (buf, done)
         return outs
 
@@ -428,6 +430,9 @@ class CudaBackend:
             self.stream.synchronize()
         else:
             _check(_cu.cuStreamSynchronize(self._hstream), "cuStreamSynchronize")
+        if self._order_used:  # (every side stream's work joined the main stream before it ended)
+            self._order_free += self._order_used
+            self._order_used = []
 
     # Copies on the stream by the driver's calls themselves (C-contiguous arrays): Numba's
     # host_to_device and device_to_host look the stream up and wrap the call, several
@@ -649,7 +654,7 @@ class CudaBackend:
                 self._launch(kernel, (tiles, y1 - y0), kcost.PX_THREADS, cl, cr, min_d, vol.view(np.uint64), np.int32(y0))
                 if parts > 1:
                     made.append((y0, y1, self._event()))
-                    made[-1][2].record(self.stream)
+                    self._record(made[-1][2], self.stream)
             if len(made) > 1:
                 self._cost_rows = (vol, made)
         elif ndisp % 4 == 0 and not kc.SIM:
@@ -749,10 +754,10 @@ class CudaBackend:
             side = self._side_streams(1)[0]
             self._fork([side])
             self._sgm_lines(args, paths, "horizontal", side, horizontal=True)
-            ready = self._sgm_bands(c1, g1, h, w, n, p1, p2t, s1[0], vec)
+            ready = self._sgm_bands(c1, g1, h, w, n, p1, p2t, self._row0(s1), vec)
             if ready:  # every range waits for the pair too (side holds nothing after it)
                 horizontal_done = self._event()
-                horizontal_done.record(side)
+                self._record(horizontal_done, side)
                 ready = [(y0, y1, events + [horizontal_done]) for y0, y1, events in ready]
             self._join([side])
             return PathVolumes(sp, vec, ready)
@@ -766,8 +771,11 @@ class CudaBackend:
         dirs, starts = self._lines(h, w, paths, part)
         kernel, G, _ = kagg.sgm_kernel_for(n, starts.shape[0], first_store=first_store, horizontal=horizontal,
                                            cells=h * w * n)
-        if lines is not None:
-            starts = starts[lines[0]:lines[1]]
+        if lines is not None:  # (the slice kept with the tables: slicing a device array costs more than a launch)
+            key = (h, w, paths, part, lines)
+            if key not in self._tables:
+                self._tables[key] = starts[lines[0]:lines[1]]
+            starts = self._tables[key]
         per_block = kagg.sgm_lines_per_block(G)
         threads = G if kc.SIM else 32 * kc.SGM_WARPS
         self._launcher.launch(kernel, (starts.shape[0] + per_block - 1) // per_block, threads, stream,
@@ -779,7 +787,7 @@ class CudaBackend:
         selection always follows the bands); returns _sgm_bands' ranges of rows."""
         c1, g1, h, w, n, p1, p2t, s1 = args
         parts = self._horizontal_first(args, paths, vol, horizontal=nw == 3 or kband.pair4_horizontal_shape(n))
-        ready = self._sgm_bands(c1, g1, h, w, n, p1, p2t, s1[0], vec, parts, nw=nw,
+        ready = self._sgm_bands(c1, g1, h, w, n, p1, p2t, self._row0(s1), vec, parts, nw=nw,
                                 overlap=True if nw == 1 else None)
         if parts:
             self._join(parts[1])
@@ -801,11 +809,11 @@ class CudaBackend:
         sides = self._side_streams(skip + len(parts[1]))[skip:]
         done = []
         for (y0, y1, made), side in zip(parts[1], sides):
-            made.wait(side)
+            self._wait(made, side)
             self._sgm_lines(args, paths, "horizontal", side, first_store=True, horizontal=horizontal, lines=(y0, y1))
             if kband.FOLLOW_HORIZONTAL:
                 done.append((y0, y1, self._event()))
-                done[-1][2].record(side)
+                self._record(done[-1][2], side)
         if not done:
             self._join(sides)
             return None
@@ -814,16 +822,16 @@ class CudaBackend:
     def _fork(self, streams):
         """The side streams wait for what the main stream has queued so far."""
         ready = self._event()
-        ready.record(self.stream)
+        self._record(ready, self.stream)
         for st in streams:
-            ready.wait(st)
+            self._wait(ready, st)
 
     def _join(self, streams):
         """The main stream waits for what the side streams have queued so far."""
         for st in streams:
             done = self._event()
-            done.record(st)
-            done.wait(self.stream)
+            self._record(done, st)
+            self._wait(done, self.stream)
 
     def _sgm_bands(self, c1, g1, h, w, n, p1, p2t, s1, vec, horizontal=None, nw=3, overlap=None):
         """The six vertical and diagonal paths in bands of rows (aggregate_bands), adding
@@ -841,12 +849,13 @@ class CudaBackend:
         kernel, per_block, threads = kband.band_kernel_for(n, vec, kband.walks(h, w, 0, 1, R, nw), kagg._sm_count(), nw,
                                                            h * w * n)
         at_once = kband.SWEEPS_AT_ONCE and not kc.SIM
-        carry = self._empty((2, 2, nw * w * n // 2), np.uint32)  # [sweep, turn]: uint16 pairs
-        mins = self._empty((2, 2, nw * w), np.int32)
-        # the views, taken once (a device array's slicing costs more host time than a launch)
-        turns = [[(carry[k, t], mins[k, t]) for t in (0, 1)] for k in (0, 1)]
+        # [sweep][turn]: the carry (uint16 pairs) and the minima, each an array of its own
+        # (a slice of one device array costs more host time than a launch: Numba's
+        # indexing; the pool hands out buffers of one shape as cheaply as a launch)
+        turns = [[(self._empty((nw * w * n // 2,), np.uint32), self._empty((nw * w,), np.int32)) for _ in (0, 1)]
+                 for _ in range(2 if at_once else 1)]
         if not at_once:
-            turns[1] = turns[0]  # the sweep from below after the one from above, in the same carry
+            turns.append(turns[0])  # the sweep from below after the one from above, in the same carry
         streams = [self.stream, self.stream]
         overlap = ksel.select_with_bands(h * w * n) if overlap is None else overlap
         if at_once:
@@ -863,7 +872,7 @@ class CudaBackend:
                 lo, hi = (ys, ys + R) if dy > 0 else (ys - R + 1, ys + 1)
                 for i, (y0, y1, part_done) in enumerate(horizontal[0]):
                     if y0 < hi and y1 > lo and i not in waited[k]:
-                        part_done.wait(streams[k])
+                        self._wait(part_done, streams[k])
                         waited[k].add(i)
             blocks = (kband.walks(h, w, ys, dy, R, nw) + per_block - 1) // per_block
             (c_in, m_in), (c_out, m_out) = turns[k][(b + 1) & 1], turns[k][b & 1]  # (b == 0: c_in unread)
@@ -871,7 +880,7 @@ class CudaBackend:
                                   c_in, m_in, c_out, m_out, b == 0)
             if overlap:
                 done[b, k] = self._event()
-                done[b, k].record(streams[k])
+                self._record(done[b, k], streams[k])
         if at_once:
             self._join(streams[1:])
         if not overlap:
@@ -918,8 +927,52 @@ class CudaBackend:
         return self._side[:k]
 
     def _event(self):
-        """An event without timing (ordering between streams; the simulator's takes no arguments)."""
+        """An event without timing, for the order between streams within a match. From a
+        free list: making one (Numba's event, its finalizer, the context lookup) costs
+        about as much host time as a launch, and a match at 1920x1080 / 128 / 4 used 36,
+        while the host's queuing of the match took longer than the GPU's work (H100 machine:
+        3.2 ms of host time for the cost, SGM, selection and LR check, against 2.65 ms of
+        kernels). Every event handed out goes back to the list at the next synchronize():
+        the side streams join the main stream before it is waited for, so by then every
+        record of the event has passed; a wait queued before a later record is not moved
+        by it (CUDA waits for the record last queued when the wait is queued), and one
+        queued after it, for a holder of the old record, waits for a later point: longer,
+        never too little. The simulator's events take no arguments and are not kept."""
+        if kc.SIM:
+            return cuda.event()
+        e = self._order_free.pop() if self._order_free else cuda.event(timing=False)
+        self._order_used.append(e)
+        return e
+
+    def _kept_event(self):
+        """An event without timing that its holder keeps across matches (the staging
+        buffers' last copies): never from or into _event's list."""
         return cuda.event() if kc.SIM else cuda.event(timing=False)
+
+    def _stream_handle(self, stream):
+        h = self._handles.get(id(stream))
+        if h is None or h[0] is not stream:
+            h = self._handles[id(stream)] = (stream, _driver._stream_handle(stream))
+        return h[1]
+
+    def _record(self, e, stream):
+        """e.record(stream) by the driver's call itself (Numba's wrapper and stream lookup cost more than it)."""
+        if kc.SIM or _cu is None:
+            e.record(stream)
+        else:
+            _check(_cu.cuEventRecord(e.handle, self._stream_handle(stream)), "cuEventRecord")
+
+    def _wait(self, e, stream):
+        """e.wait(stream): the stream's later work waits for e's last record."""
+        if kc.SIM or _cu is None:
+            e.wait(stream)
+        else:
+            _check(_cu.cuStreamWaitEvent(self._stream_handle(stream), e.handle, 0), "cuStreamWaitEvent")
+
+    @staticmethod
+    def _row0(rows):
+        """The first of _rows' rows (a reshape where it is the only one: cheaper on the host than Numba's indexing)."""
+        return rows.reshape(rows.size) if rows.shape[0] == 1 else rows[0]
 
     @staticmethod
     def _rows(sp, vec):
@@ -1007,7 +1060,7 @@ class CudaBackend:
             for i, (y0, y1, events) in enumerate(ready):
                 side = sides[i % len(sides)]
                 for e in events:
-                    e.wait(side)
+                    self._wait(e, side)
                 self._launcher.launch(kernel, (segs, y1 - y0), threads, side, *args, np.int32(y0))
             self._join(sides)
         return out, (out_r if right else None), (out_c if confidence else None)
