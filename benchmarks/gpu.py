@@ -1,6 +1,7 @@
 """GPU benchmark: per-stage kernel time with device-resident input (CUDA events, warm,
 best of N, the stream held while Python launches a round so that the kernels run back
-to back; `kernel_total_with_launch_gaps_ms` is the same without the hold) for census
+to back; `kernel_total_with_launch_gaps_ms` is the same without the hold, and
+`host_queue_ms` the host's time to queue such a round) for census
 9x7 + SGM + WTA + LR check, and the end-to-end time (best and median of --e2e-repeat) of
 stereocli.match with host arrays (default preset otherwise). One JSON line per
 configuration; the first line reports the cold (compile or cache load) time.
@@ -93,7 +94,7 @@ def _hold_kernel():
     return hold
 
 
-def kernel_times(bk, left, right, ndisp, paths, repeat, hold=True):
+def kernel_times(bk, left, right, ndisp, paths, repeat, hold=True, host=False):
     """{stage: ms, "total": ms}: the best of `repeat` rounds, each timed by CUDA events
     between the stages. `hold`: a kernel keeps the stream busy while Python launches the
     round, so the events time the kernels alone, back to back (as libSGM's C++ launches
@@ -101,7 +102,9 @@ def kernel_times(bk, left, right, ndisp, paths, repeat, hold=True):
     (0.1-0.3 ms a round at the smaller sizes). A round whose launches outlast the hold
     is not counted. Where the selection follows SGM's bands (select.select_with_bands),
     most of it runs inside the aggregation's span and "select" is what is left after
-    the last band; the total is the figure to compare."""
+    the last band; the total is the figure to compare. `host` (with `hold`): also
+    "host_queue", the host's time to queue a round (Python and the driver's calls):
+    where it exceeds the kernels' total, a match without a hold waits for the host."""
     from numba import cuda
     hold = hold and not numba.config.ENABLE_CUDASIM
     hold_kernel = _hold_kernel() if hold else None
@@ -130,9 +133,12 @@ def kernel_times(bk, left, right, ndisp, paths, repeat, hold=True):
         ev[3].record(bk.stream)
         bk.lr_check(d, d_r, 1.0)
         ev[4].record(bk.stream)
-        launched_in_hold = (time.perf_counter() - t) * 1e3 < 0.8 * HOLD_MS
-        ev[4].synchronize()
+        queued_ms = (time.perf_counter() - t) * 1e3
+        launched_in_hold = queued_ms < 0.8 * HOLD_MS
+        bk.synchronize()  # (as a match ends: the backend's ordering events are reused from here)
         if record and (launched_in_hold or not hold):
+            if host and hold:
+                stages.setdefault("host_queue", []).append(queued_ms)
             for name, a, b in (("cost", 0, 1), ("aggregate", 1, 2), ("select", 2, 3), ("lr_check", 3, 4)):
                 stages.setdefault(name, []).append(ev[a].elapsed_time(ev[b]))
             stages.setdefault("total", []).append(ev[0].elapsed_time(ev[4]))
@@ -211,7 +217,8 @@ def main():
         if a.configs and f"{w}x{h}/{ndisp}/{paths}" not in a.configs.split(","):
             continue
         left, right = pair(w, h)
-        k = kernel_times(bk, left, right, ndisp, paths, a.repeat)
+        k = kernel_times(bk, left, right, ndisp, paths, a.repeat, host=True)
+        host_queue = k.pop("host_queue", None)
         k_launched = kernel_times(bk, left, right, ndisp, paths, a.repeat, hold=False)["total"]
         ends = []
         timings = {}
@@ -226,6 +233,7 @@ def main():
         emit(preset=a.preset, width=w, height=h, num_disparities=ndisp, paths=paths,
              kernel_ms={k2: round(v, 3) for k2, v in k.items()},
              kernel_total_with_launch_gaps_ms=round(k_launched, 3),
+             host_queue_ms=round(host_queue, 3) if host_queue is not None else None,
              libsgm_ms=libsgm, ratio_vs_libsgm=round(k["total"] / libsgm, 2) if libsgm else None,
              end_to_end_ms=round(min(ends), 2), end_to_end_median_ms=round(float(np.median(ends)), 2),
              libsgm_host_ms=libsgm_h2h,
