@@ -735,6 +735,43 @@ def test_uploads_queued_together_each_arrive_whole(rng):
     del busy
 
 
+@pytest.mark.skipif(not REAL_GPU, reason="the direct uploads are off under the simulator")
+def test_inputs_uploaded_in_pieces_arrive_whole(rng):
+    """A match's images go up in pieces of a pinned buffer, copied by host threads, when
+    they are large (UPLOAD_PIECES_MIN_BYTES, from two 1920x1080 images): every byte
+    arrives in its place, for sizes that are no multiple of a piece, twice in a row
+    (the buffer reused once its copies have left)."""
+    GPU.synchronize()
+    for shape in ((1080, 1920), (1081, 1923), (2160, 3840)):
+        for _ in range(2):
+            a, b = (rng.integers(0, 256, shape).astype(np.uint8) for _ in range(2))
+            assert a.nbytes + b.nbytes >= GPU.UPLOAD_PIECES_MIN_BYTES and GPU._stream_idle()  # (the pieces' path)
+            da, db = GPU.upload_inputs(a, b)
+            np.testing.assert_array_equal(GPU.download(da), a)
+            np.testing.assert_array_equal(GPU.download(db), b)
+
+
+@pytest.mark.skipif(not REAL_GPU, reason="the ordering events are the simulator's own")
+def test_matches_in_a_row_reuse_the_ordering_events_and_agree():
+    """The streams of a match are ordered by events that the next match reuses (a free
+    list refilled at each synchronize): three 4-path and 8-path matches in a row at
+    1920x1080 / 128 (the horizontal pair in parts, then bands, the selection following
+    them), the later ones on reused events, each give the CPU's map."""
+    import cv2
+    d = SHARED_DATA / "cones" if (SHARED_DATA / "cones").exists() else SAMPLE
+    left, right = (cv2.resize(io.read_image(d / f), (1920, 1080), interpolation=cv2.INTER_CUBIC)
+                   for f in ("left.png", "right.png"))
+    for paths in (4, 8):
+        params = config.load("default", None, {"num_disparities": 128, "paths": paths})
+        cpu = pipeline.run(left, right, params, CPU).disparity
+        made = None
+        for _ in range(3):
+            assert same_maps(cpu, pipeline.run(left, right, params, GPU).disparity).all()
+            free = len(GPU._order_free)
+            assert made is None or free == made  # the same events again, none made anew
+            made = free
+
+
 @pytest.mark.skipif(not REAL_GPU, reason="the buffer pool is off under the simulator")
 def test_a_slice_keeps_its_buffer_from_the_pool():
     """A buffer goes back to the pool when the last array over it is garbage: a slice

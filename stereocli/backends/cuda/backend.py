@@ -313,11 +313,16 @@ class CudaBackend:
             return self._upload_in_pieces(arrays)
         return [self._upload(a, direct) for a in arrays]
 
-    # Large inputs (two 3840x2160 images) go up in pieces: a few host threads copy them
-    # into a pinned buffer, and each piece is queued for the bus as soon as it is there,
-    # so the host copy runs at several cores' speed and the bus carries the pieces before
-    # meanwhile (a pageable copy: the driver stages it through one thread).
-    UPLOAD_PIECES_MIN_BYTES = 4 << 20
+    # Large inputs (two 1920x1080 images and up) go up in pieces: a few host threads copy
+    # them into a pinned buffer, and each piece is queued for the bus as soon as it is
+    # there, so the host copy runs at several cores' speed and the bus carries the pieces
+    # before meanwhile (a pageable copy: the driver stages it through one thread). Two
+    # 1920x1080 images (4.1 MB) went straight from pageable memory below 4 MiB; in pieces,
+    # H100 machine, stereocli.match best of 30, three rounds alternated in one process:
+    # upload stage 0.75-0.82 -> 0.71-0.75 ms, end to end 1920x1080 / 128 / 4 4.98-5.20 ->
+    # 4.93-5.12, / 256 / 8 8.69-8.81 -> 8.45-8.67 (a slow start of the host). Smaller
+    # volumes replay a CUDA graph, which copies its inputs itself.
+    UPLOAD_PIECES_MIN_BYTES = 2 << 20
     UPLOAD_PIECE_BYTES = 1 << 20
 
     def _upload_in_pieces(self, arrays):
