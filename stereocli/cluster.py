@@ -169,11 +169,6 @@ def _run_with_client(client, pairs, params, device, ext, skip_existing, max_disp
     if warn:
         warn(f"sending {len(pairs)} pairs in chunks of {size} to {nworkers} Dask worker(s) at "
              f"{client.scheduler.address}")
-    # The parameters go with every chunk (a few hundred bytes), not scattered once: data
-    # scattered to the workers lives only there, and when the one worker that held it
-    # died before it was copied to another, the scheduler could not recover it and every
-    # task waiting for it waited for ever (a batch hung after a killed worker, about once
-    # in 60 runs of test_cluster's killed-worker test).
     todo = (pairs[i:i + size] for i in range(0, len(pairs), size))
     attempts = {}  # future key -> (chunk, attempt, future): everything sent and not yet reported
 
@@ -184,6 +179,11 @@ def _run_with_client(client, pairs, params, device, ext, skip_existing, max_disp
                       if str(w.get("name")) != avoid and a != avoid]
             if others:
                 kw = {"workers": others, "allow_other_workers": False}
+        # the parameters go with every chunk (a few hundred bytes), not scattered once: data
+        # scattered to the workers lives only there, and when the one worker that held it
+        # died before it was copied to another, the scheduler could not recover it and
+        # every task waiting for it waited for ever (a batch hung after a killed worker,
+        # about once in 60 runs of test_cluster's killed-worker test)
         f = client.submit(_worker_chunk, chunk, params, device, ext, skip_existing, max_disparity, threads,
                           pure=False, **kw)
         attempts[f.key] = (chunk, attempt, f)

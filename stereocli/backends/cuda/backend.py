@@ -185,7 +185,7 @@ class CudaBackend:
         self._cost_rows = None  # (volume, [(first row, end row, event)]) of the last census volume made in parts
         self._events = []  # timing events free for reuse (recycle_marks)
         self._order_free, self._order_used = [], []  # ordering events free, and handed out since the last sync (_event)
-        self._handles = {}  # id(stream) -> (stream, the driver's handle)
+        self._handles = {}  # id(side stream) -> (stream, the driver's handle)
         self._tables = {}  # per-size constant tables on the device (path lines, census scale)
         self._pool = _POOL
         self._launcher = Launcher()
@@ -468,10 +468,8 @@ class CudaBackend:
                    "cuEventRecordWithFlags")
             self._cap.keep.append(e)
             self._graph_events.add(id(e))
-        elif _cu is None:
-            e.record(self.stream)
-        else:  # (the driver's call itself: Numba's wrapper and stream lookup cost more than it)
-            _check(_cu.cuEventRecord(e.handle, self._hstream), "cuEventRecord")
+        else:
+            self._record(e, self.stream)
         return e
 
     def recycle_marks(self, marks):
@@ -955,6 +953,9 @@ class CudaBackend:
         return cuda.event() if kc.SIM else cuda.event(timing=False)
 
     def _stream_handle(self, stream):
+        """The driver's handle of one of the backend's streams (looked up once)."""
+        if stream is self.stream:
+            return self._hstream
         h = self._handles.get(id(stream))
         if h is None or h[0] is not stream:
             h = self._handles[id(stream)] = (stream, _driver._stream_handle(stream))
