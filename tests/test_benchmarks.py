@@ -13,6 +13,10 @@ from conftest import ROOT, SHARED_DATA
 pytestmark = pytest.mark.skipif(not SHARED_DATA.exists(), reason="the benchmarks read ../shared/data")
 
 
+# run under Numba's CUDA simulator
+SIMULATED = ("gpu.py", "gpu_variants.py", "gpu_handoff.py", "sgm_sweep.py", "profile_kernels.py", "gpu_timeline.py")
+
+
 @pytest.mark.parametrize("script,args", [
     ("accuracy.py", ["--quick"]),
     ("cpu_vs_opencv.py", ["--quick"]),
@@ -27,13 +31,14 @@ pytestmark = pytest.mark.skipif(not SHARED_DATA.exists(), reason="the benchmarks
     ("gpu_handoff.py", ["--sim-check"]),  # (the same)
     ("sgm_sweep.py", ["--sim-check"]),  # (the same)
     ("profile_kernels.py", ["48", "24", "8", "4", "1"]),  # (the same)
+    ("gpu_timeline.py", ["--sim-check"]),  # (the same)
     ("profile_host.py", ["--device", "cpu", "--scene", "tsukuba", "-n", "16", "--runs", "1"]),
     ("profile_cpu.py", ["--pairs", "tsukuba", "--threads", "1", "--repeat", "1"]),
     ("host_scaling.py", ["--quick", "--threads", "1,2"]),
 ])
 def test_benchmark_runs_and_prints_json_lines(script, args):
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    if script in ("gpu.py", "gpu_variants.py", "gpu_handoff.py", "sgm_sweep.py", "profile_kernels.py"):
+    if script in SIMULATED:
         env["NUMBA_ENABLE_CUDASIM"] = "1"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], capture_output=True, text=True,
                        env={**env, "STEREOCLI_DATA": str(SHARED_DATA)}, timeout=600)
