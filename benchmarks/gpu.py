@@ -94,6 +94,31 @@ def _hold_kernel():
     return hold
 
 
+def free_last_round():
+    """Free the last round's device buffers now, not inside the next timed span (Numba
+    defers frees; the simulator keeps none)."""
+    from numba import cuda
+    gc.collect()
+    if not numba.config.ENABLE_CUDASIM:
+        cuda.current_context().deallocations.clear()
+
+
+def queue_round(bk, L, R, ndisp, paths, mark=lambda: None):
+    """Queue one kernel round on the 8-bit images L, R already on the device, as the
+    pipeline asks for it (and libSGM takes it): census 9x7 (census_codes, or the volume),
+    SGM, selection, LR check; mark() after each of the four stages."""
+    vol = bk.census_codes(L, R, 0, ndisp, 9, 7, paths)  # (as the pipeline asks: see census_codes)
+    if vol is None:
+        vol = bk.census_volume(L, R, 0, ndisp, 9, 7)
+    mark()
+    s = bk.sgm(vol, L, 40, 480, True, paths)
+    mark()
+    d, d_r, _ = bk.select(s, 0, 5.0, True, True)
+    mark()
+    bk.lr_check(d, d_r, 1.0)
+    mark()
+
+
 def kernel_times(bk, left, right, ndisp, paths, repeat, hold=True, host=False):
     """{stage: ms, "total": ms}: the best of `repeat` rounds, each timed by CUDA events
     between the stages. `hold`: a kernel keeps the stream busy while Python launches the
@@ -110,29 +135,17 @@ def kernel_times(bk, left, right, ndisp, paths, repeat, hold=True, host=False):
     hold_kernel = _hold_kernel() if hold else None
     # the 8-bit images, as the pipeline hands them to the census (and libSGM takes them)
     L, R = bk.upload(left), bk.upload(right)
-    G = L
     stages = {}
 
     def once(record):
-        # free the last round's buffers now, not inside the timed span (Numba defers frees)
-        gc.collect()
-        if not numba.config.ENABLE_CUDASIM:  # (the simulator keeps no deferred frees)
-            cuda.current_context().deallocations.clear()
+        free_last_round()
         ev = [cuda.event() for _ in range(5)]
         if hold:
             hold_kernel[1, 32, bk.stream](HOLD_MS * 1000)
         t = time.perf_counter()
         ev[0].record(bk.stream)
-        vol = bk.census_codes(L, R, 0, ndisp, 9, 7, paths)  # (as the pipeline asks: see census_codes)
-        if vol is None:
-            vol = bk.census_volume(L, R, 0, ndisp, 9, 7)
-        ev[1].record(bk.stream)
-        s = bk.sgm(vol, G, 40, 480, True, paths)
-        ev[2].record(bk.stream)
-        d, d_r, _ = bk.select(s, 0, 5.0, True, True)
-        ev[3].record(bk.stream)
-        bk.lr_check(d, d_r, 1.0)
-        ev[4].record(bk.stream)
+        marks = iter(ev[1:])
+        queue_round(bk, L, R, ndisp, paths, lambda: next(marks).record(bk.stream))
         queued_ms = (time.perf_counter() - t) * 1e3
         launched_in_hold = queued_ms < 0.8 * HOLD_MS
         bk.synchronize()  # (as a match ends: the backend's ordering events are reused from here)

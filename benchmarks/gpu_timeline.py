@@ -15,12 +15,11 @@ that can be later. The events add a few microseconds of their own between launch
 """
 import argparse
 import collections
-import gc
 import sys
 
 from common import emit
 
-from gpu import HOLD_MS, _hold_kernel, kernel_times, pair
+from gpu import HOLD_MS, _hold_kernel, free_last_round, kernel_times, pair, queue_round
 
 
 def _name(kernel):
@@ -53,18 +52,12 @@ def timeline(bk, left, right, ndisp, paths, rounds):
     try:
         for _ in range(rounds):
             recs.clear()
-            gc.collect()
+            free_last_round()
             if hold is not None:
-                cuda.current_context().deallocations.clear()
                 hold[1, 32, bk.stream](HOLD_MS * 1000)
             start = cuda.event()
             start.record(bk.stream)
-            vol = bk.census_codes(L, R, 0, ndisp, 9, 7, paths)
-            if vol is None:
-                vol = bk.census_volume(L, R, 0, ndisp, 9, 7)
-            s = bk.sgm(vol, L, 40, 480, True, paths)
-            d, d_r, _ = bk.select(s, 0, 5.0, True, True)
-            bk.lr_check(d, d_r, 1.0)
+            queue_round(bk, L, R, ndisp, paths)
             end = cuda.event()
             end.record(bk.stream)
             bk.synchronize()

@@ -255,7 +255,7 @@ CONSEC = os.environ.get("STEREOCLI_SGM_BAND_CONSEC", "0") == "1"
 def _make(K4, LW, vec, cc, capped, NW, consec=False):
     """The band kernel for K4 cost words (4 K4 disparities) a lane. A lane keeps its path
     costs as uint16 pairs in uint32 words (P[walk, 2 i + h]: disparities 4 (gl + LW i)
-    + 2 h and + 1, gl its place in its group) and updates both halves at once: the costs stay below 2^15 (aggregate.
+    + 2 h and + 1, gl its place in its group; consec: 4 (K4 gl + i) + 2 h and + 1) and updates both halves at once: the costs stay below 2^15 (aggregate.
     EDGE), so a 32-bit add or subtract of two pairs carries nothing from one half into the
     other, and the minima are min_u16x2 (one instruction on Hopper). Offsets into the
     volumes are unsigned and stepped a row at a time (no per-access multiply by a
