@@ -342,25 +342,21 @@ def test_sgm_lane_exchange_under_simulator():
 
 
 @pytest.mark.skipif(REAL_GPU, reason="the simulator's multi-lane exchange; a GPU uses warp shuffles")
-@pytest.mark.parametrize("consec", ["0", "1"])
-def test_sgm_in_bands_lane_exchange_under_simulator(consec):
-    """The banded kernel with 4 lanes per walk (disparities in words of four, interleaved
-    across the lanes or, with consec, each lane's words side by side): the six paths'
-    sums of the CPU's vertical sweeps. (Alone: the line kernel of the horizontal pair
-    takes at most 8 disparities with 4 simulated lanes.)"""
+def test_sgm_in_bands_lane_exchange_under_simulator():
+    """The banded kernel with 4 lanes per walk (disparities interleaved across them in
+    words of four): the six paths' sums of the CPU's vertical sweeps. (Alone: the line
+    kernel of the horizontal pair takes at most 8 disparities with 4 simulated lanes.)"""
     code = (
         "import numpy as np;from stereocli.stages import aggregate as A;"
         "from stereocli.backends.cuda import CudaBackend;"
         "from stereocli.backends.cuda import aggregate_bands as B;assert B.L == 4 and B.BAND_ROWS == 2;"
-        f"assert B.CONSEC == {consec == '1'};"
         "g=CudaBackend();r=np.random.default_rng(5);h,w,n=5,6,32;C=r.integers(0,256,(h,w,n)).astype(np.uint8);"
         "G=r.integers(0,256,(h,w)).astype(np.uint8);t=A.p2_table(20,200,True);"
         "S=g.upload(np.zeros(h*w*n,np.uint32));"
         "g._sgm_bands(g.upload(C.ravel()),g.upload(G.ravel()),h,w,n,20,g.upload(t),S,False);"
         "want=np.zeros((h,w,n),np.uint16);A.sgm_vertical_cpu(C,G,np.int32(20),t,want,np.array([0,1,-1]));"
         "assert np.array_equal(g.download(S).reshape(h,w,n),want), 'sums differ'")
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "STEREOCLI_SIM_LANES": "4", "STEREOCLI_SGM_BAND_ROWS": "2",
-           "STEREOCLI_SGM_BAND_CONSEC": consec}
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "STEREOCLI_SIM_LANES": "4", "STEREOCLI_SGM_BAND_ROWS": "2"}
     r = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
 

@@ -198,7 +198,7 @@ def band_kernel_for(n: int, vec: bool, walks: int = 0, sms: int = 1, nw: int = 3
     lw = walk_lanes(n, nw, cells)
     per_block = SGM_WARPS * (L // lw)
     capped = nw == 3 and (walks + per_block - 1) // per_block > UNCAPPED_BLOCKS_PER_SM * sms
-    key = (n // (4 * lw), lw, vec, cc, capped, nw, CONSEC and n // (4 * lw) > 1)
+    key = (n // (4 * lw), lw, vec, cc, capped, nw)
     if key not in _KERNELS:
         _KERNELS[key] = _make(*key)
     return _KERNELS[key], per_block, L * SGM_WARPS
@@ -242,22 +242,12 @@ def walks(h: int, w: int, ys: int, dy: int, R: int, nw: int = 3) -> int:
     return w + (max(0, band_rows(h, ys, dy, R) - 1) if nw == 3 else 0)
 
 
-# A lane's cost words and path costs consecutive (lane l: disparities 4 K4 l .. 4 K4 (l + 1) - 1)
-# instead of interleaved across the walk's lanes (words l + LW i), where a lane holds more
-# than one word (K4 > 1: 256 disparities, and 128 with half-warp walks): a walk's step
-# then exchanges two neighbours with the lanes beside it instead of three a word (six at
-# 256). Exact (the simulator's multi-lane test runs both); not yet measured on a GPU, so
-# off unless STEREOCLI_SGM_BAND_CONSEC=1 (the thirty-eighth session's note: the bands at
-# 3840x2160 / 256 / 8 move about 1.6 TB/s, bound by their instructions and latency).
-CONSEC = os.environ.get("STEREOCLI_SGM_BAND_CONSEC", "0") == "1"
-
-
-def _make(K4, LW, vec, cc, capped, NW, consec=False):
+def _make(K4, LW, vec, cc, capped, NW):
     """The band kernel for K4 cost words (4 K4 disparities) a lane. A lane keeps its path
     costs as uint16 pairs in uint32 words (P[walk, 2 i + h]: disparities 4 (gl + LW i)
-    + 2 h and + 1, gl its place in its group; consec: 4 (K4 gl + i) + 2 h and + 1) and updates both halves at once: the costs stay below 2^15 (aggregate.
-    EDGE), so a 32-bit add or subtract of two pairs carries nothing from one half into the
-    other, and the minima are min_u16x2 (one instruction on Hopper). Offsets into the
+    + 2 h and + 1, gl its place in its group) and updates both halves at once: the
+    costs stay below 2^15 (aggregate.EDGE), so a 32-bit add or subtract of two pairs
+    carries nothing from one half into the other, and the minima are min_u16x2 (one instruction on Hopper). Offsets into the
     volumes are unsigned and stepped a row at a time (no per-access multiply by a
     run-time size, no negative-index fix-up). LW lanes take a walk group (a column's three
     walks): 32 // LW groups a warp, side by side, each its own column."""
@@ -267,10 +257,7 @@ def _make(K4, LW, vec, cc, capped, NW, consec=False):
     gmin1 = group_min_for(LW)
     K2 = 2 * K4  # a lane's uint16 pairs
     PER = np.uint64(K4 * LW if vec else 4 * K4 * LW)  # a pixel's words (vec: C1 uint32, S1 uint64) or costs
-    # consec: lane gl holds words K4 gl .. K4 gl + K4 - 1 (disparities 4 K4 gl ..), else words gl + LW i
-    WSTEP = np.uint64((1 if consec else LW) if vec else (4 if consec else 4 * LW))  # from a lane's word i to i + 1
-    LANE0 = K4 if consec else 1  # a lane's first word: LANE0 gl
-    CSTEP = 2 if consec else 2 * LW  # from a lane's pair 2 i + h in the carry to 2 (i + 1) + h
+    WSTEP = np.uint64(LW if vec else 4 * LW)  # from a lane's word i to its word i + 1
     HALF = np.uint64(2 * K4 * LW)  # a pixel's uint16 pairs in the carry (n / 2)
     U0, U1, U2 = np.uint64(0), np.uint64(1), np.uint64(2)
     B0, B1, B2 = np.uint32(0xFF), np.uint32(0xFF0000), np.uint32(0xFFFF)
@@ -363,7 +350,7 @@ def _make(K4, LW, vec, cc, capped, NW, consec=False):
         wu = uint64(w)
         drow = wu if dy > 0 else U0 - wu  # from a row's first pixel to the next row's, mod 2^64
         rp = uint64(ys) * wu  # the first pixel of the step's row
-        lo = uint64(LANE0 * gl) if vec else uint64(4 * LANE0 * gl)  # the lane's first word (cost) of a pixel
+        lo = uint64(gl) if vec else uint64(4 * gl)  # the lane's first word (cost) of a pixel
         for j in range(NW):
             if live[j] != 0:
                 pix = rp + uint64(s0[j]) * drow + uint64(xs[j])
@@ -415,10 +402,10 @@ def _make(K4, LW, vec, cc, capped, NW, consec=False):
                     cont = s > s0[j] or (s == 0 and not first and uint32(xp) < uint32(w32))
                     if s == s0[j]:
                         if cont:  # the band's first row: from the previous band's last
-                            cb = uint64(k * w + xp) * HALF + uint64(2 * LANE0 * gl)
+                            cb = uint64(k * w + xp) * HALF + uint64(2 * gl)
                             for i in range(K4):
                                 for hh in range(2):
-                                    P[j, 2 * i + hh] = cin[cb + uint64(CSTEP * i + hh)]
+                                    P[j, 2 * i + hh] = cin[cb + uint64(2 * LW * i + hh)]
                             ms[j] = min_in[uint64(k * w + xp)]
                             gs[j] = int32(G1[rp - drow + uint64(xp)])
                         else:  # a path's first pixel: L = C, the update of L = 0 (and min 0)
@@ -433,28 +420,18 @@ def _make(K4, LW, vec, cc, capped, NW, consec=False):
                 mp2 = uint32(uint32(m + p2s[j]) * PAIR)
                 mp = ALL
                 below = uint32(BIG)  # (lane 0) disparity 4 L i - 1: lane L - 1's last of word i - 1
-                if consec:  # the lane's neighbours: the last disparity of the lane below, the first above
-                    tlast = uint32(uint32(from_lane(int32(P[j, 2 * K4 - 1]), down, scratch, wi, lane)) >> S16)
-                    tfirst = uint32(uint32(from_lane(int32(P[j, 0]), up, scratch, wi, lane)) & B2)
-                    below = tlast if gl > 0 else uint32(BIG)
                 for i in range(K4):
-                    a = P[j, 2 * i]  # disparities 4 (lane + L i) + 0, 1 (consec: 4 (K4 lane + i) + 0, 1)
+                    a = P[j, 2 * i]  # disparities 4 (lane + L i) + 0, 1
                     b = P[j, 2 * i + 1]  # + 2, 3
-                    if consec:
-                        lo_in = below
-                        hi_in = uint32(P[j, 2 * i + 2] & B2) if i + 1 < K4 else (
-                            tfirst if gl < LW - 1 else uint32(BIG))
-                        below = uint32(b >> S16)  # (the old value: word i + 1's neighbour below)
-                    else:
-                        # (the pairs are below 2^31: exchanged as int32)
-                        tl = uint32(uint32(from_lane(int32(b), down, scratch, wi, lane)) >> S16)  # below a's
-                        tu = uint32(uint32(from_lane(int32(a), up, scratch, wi, lane)) & B2)  # above b's
-                        tn = uint32(BIG)
-                        if i + 1 < K4:
-                            tn = uint32(uint32(from_lane(int32(P[j, 2 * i + 2]), up, scratch, wi, lane)) & B2)
-                        lo_in = tl if gl > 0 else below
-                        hi_in = tu if gl < LW - 1 else tn
-                        below = tl
+                    # (the pairs are below 2^31: exchanged as int32)
+                    tl = uint32(uint32(from_lane(int32(b), down, scratch, wi, lane)) >> S16)  # below a's
+                    tu = uint32(uint32(from_lane(int32(a), up, scratch, wi, lane)) & B2)  # above b's
+                    tn = uint32(BIG)
+                    if i + 1 < K4:
+                        tn = uint32(uint32(from_lane(int32(P[j, 2 * i + 2]), up, scratch, wi, lane)) & B2)
+                    lo_in = tl if gl > 0 else below
+                    hi_in = tu if gl < LW - 1 else tn
+                    below = tl
                     xa = uint32(lo_in | uint32(a << S16))  # the neighbours below a's pair
                     xb = uint32(uint32(a >> S16) | uint32(b << S16))  # above a's, below b's
                     xc = uint32(uint32(b >> S16) | uint32(hi_in << S16))  # above b's
@@ -483,10 +460,10 @@ def _make(K4, LW, vec, cc, capped, NW, consec=False):
                     x = xs[j]
                     add(S1, (rp + uint64(x)) * PER + lo, P, j)
                     if int32(s + one) == rows:
-                        cb = uint64(k * w + x) * HALF + uint64(2 * LANE0 * gl)
+                        cb = uint64(k * w + x) * HALF + uint64(2 * gl)
                         for i in range(K4):
                             for hh in range(2):
-                                cout[cb + uint64(CSTEP * i + hh)] = P[j, 2 * i + hh]
+                                cout[cb + uint64(2 * LW * i + hh)] = P[j, 2 * i + hh]
                         if gl == 0:
                             mout[uint64(k * w + x)] = mloc
                     if uint32(int32(x + dxs[j])) >= uint32(w32):
