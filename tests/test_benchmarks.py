@@ -27,7 +27,7 @@ SIMULATED = ("gpu.py", "gpu_variants.py", "gpu_handoff.py", "sgm_sweep.py", "pro
     ("startup.py", ["--quick"]),
     ("video.py", ["--quick"]),
     ("gpu.py", ["--sim-check"]),  # under Numba's CUDA simulator
-    ("gpu_variants.py", ["--sim-check", "one-part:COST_PARTS=1"]),  # (the same)
+    ("gpu_variants.py", ["--sim-check", "one-part:COST_PARTS=1,COST_PARTS_LARGE=1"]),  # (the same)
     ("gpu_handoff.py", ["--sim-check"]),  # (the same)
     ("sgm_sweep.py", ["--sim-check"]),  # (the same)
     ("profile_kernels.py", ["48", "24", "8", "4", "1"]),  # (the same)

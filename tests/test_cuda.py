@@ -188,14 +188,14 @@ def test_sgm_in_bands_bit_exact(rng, monkeypatch, lanes, together, rows, first, 
     np.testing.assert_array_equal(on_gpu("sgm", C, G, 20, 200, True, 8), on_cpu("sgm", C, G, 20, 200, True, 8))
 
 
-@pytest.mark.parametrize("parts", [1, 3])
+@pytest.mark.parametrize("parts", [1, 3, 8])
 def test_horizontal_pair_starts_on_the_census_rows_made_so_far(rng, monkeypatch, parts):
     """Where SGM runs the horizontal pair first (8 paths in bands, 1920x1080 / 256 and
     up), the GPU makes the census volume in parts of rows (census_codes,
-    cost.COST_PARTS); the pair starts on a part's lines as soon as that part is made, on
+    cost.cost_parts); the pair starts on a part's lines as soon as that part is made, on
     side streams, storing into a sum nobody zeroed, and each band adds after the pair's
     parts over its rows: the census volume and the SGM sums are the CPU's, whether the
-    image's rows split evenly or not. For 4 paths whose vertical pair runs first, the GPU
+    image's rows split evenly or not, and with more parts than the bands have rows. For 4 paths whose vertical pair runs first, the GPU
     wants the stored volume."""
     from stereocli.backends.cuda import aggregate_bands as kband
     from stereocli.backends.cuda import cost as kcost

@@ -242,6 +242,19 @@ def walks(h: int, w: int, ys: int, dy: int, R: int, nw: int = 3) -> int:
     return w + (max(0, band_rows(h, ys, dy, R) - 1) if nw == 3 else 0)
 
 
+@cuda.jit(device=True, inline=True)
+def _path(j, side):
+    """The path (dx = 0, 1, -1) of a group's walk j: j, or in a side group (its walks
+    entering the band from the left and right edges) 1, 2, then 0 (not walked)."""
+    return j if side == 0 else (j + 1) % 3
+
+
+@cuda.jit(device=True, inline=True)
+def _dx(k):
+    """Path k's step along x."""
+    return int32(0 if k == 0 else (1 if k == 1 else -1))
+
+
 def _make(K4, LW, vec, cc, capped, NW):
     """The band kernel for K4 cost words (4 K4 disparities) a lane. A lane keeps its path
     costs as uint16 pairs in uint32 words (P[walk, 2 i + h]: disparities 4 (gl + LW i)
@@ -315,51 +328,48 @@ def _make(K4, LW, vec, cc, capped, NW):
         t = (cuda.blockIdx.x * SGM_WARPS + wi) * GW + grp
         rows = int32(_band_rows(h, ys, dy, R))
         w32 = int32(w)
-        ks = cuda.local.array(NW, int32)  # the walks: path (dx = 0, 1, -1), column, first step, alive
+        # The walks: a column each, and bit j of `live` for walk j; the group's first step
+        # s0 and whether it is a side group (_path) are one value for the group.
         xs = cuda.local.array(NW, int32)
-        s0 = cuda.local.array(NW, int32)
-        live = cuda.local.array(NW, int32)
         ms = cuda.local.array(NW, int32)  # min L at the previous pixel
         gs = cuda.local.array(NW, int32)  # grey level there
-        dxs = cuda.local.array(NW, int32)  # the walk's step along x
         P = cuda.local.array((NW, K2), uint32)
         q = cuda.local.array((NW, K4), uint32)  # the next pixel's cost words
         qg = cuda.local.array(NW, int32)
         if NW == 1:  # the vertical walk alone
             if t - grp >= w:
                 return  # the whole warp is past the band's columns
-            ks[0] = 0
+            side = 0
+            s0 = int32(0)
             xs[0] = t
-            s0[0] = 0
-            live[0] = 1 if t < w else 0
+            live = int32(1 if t < w else 0)  # bit j: walk j alive
         elif t < w:
+            side = 0
+            s0 = int32(0)
+            live = int32(7)
             for j in range(3):
-                ks[j] = j
                 xs[j] = t
-                s0[j] = 0
-                live[j] = 1
         else:
             e = t - w
             if e - grp >= rows - 1:
                 return  # the whole warp is past the band's walks
+            side = 1
+            s0 = int32(1 + e)
             for j in range(3):  # (a group past them walks nothing, but its lanes shuffle)
-                ks[j] = 1 + j if j < 2 else 0
                 xs[j] = 0 if j == 0 else w - 1
-                s0[j] = 1 + e
-                live[j] = 1 if j < 2 and e < rows - 1 else 0
+            live = int32(3 if e < rows - 1 else 0)
         wu = uint64(w)
         drow = wu if dy > 0 else U0 - wu  # from a row's first pixel to the next row's, mod 2^64
         rp = uint64(ys) * wu  # the first pixel of the step's row
         lo = uint64(gl) if vec else uint64(4 * gl)  # the lane's first word (cost) of a pixel
         for j in range(NW):
-            if live[j] != 0:
-                pix = rp + uint64(s0[j]) * drow + uint64(xs[j])
+            if live & (1 << j):
+                pix = rp + uint64(s0) * drow + uint64(xs[j])
                 load(C1, pix * PER + lo, q, j)
                 qg[j] = int32(G1[pix])
         p1i = int32(p1)
         p1p = uint32(uint32(p1i) * PAIR)
         words = cuda.local.array((NW, K4), uint32)  # this row's cost words
-        act = cuda.local.array(NW, int32)  # the walk is at a pixel this step
         gc = cuda.local.array(NW, int32)  # its grey level
         p2s = cuda.local.array(NW, int32)  # its P2
         mps = cuda.local.array(NW, uint32)  # the pairs' minimum of its new L
@@ -370,8 +380,6 @@ def _make(K4, LW, vec, cc, capped, NW):
                 words[j, i] = uint32(0)
             ms[j] = 0
             gs[j] = 0
-        for j in range(NW):
-            dxs[j] = int32(0 if ks[j] == 0 else (1 if ks[j] == 1 else -1))
         up = grp * LW + (gl + 1) % LW
         down = grp * LW + (gl + LW - 1) % LW
         one = int32(1)
@@ -382,12 +390,10 @@ def _make(K4, LW, vec, cc, capped, NW):
             # waiting on the one before. A walk not at a pixel this step computes on what
             # it holds and stores nothing.
             for j in range(NW):
-                a = live[j] != 0 and s >= s0[j]
-                act[j] = 1 if a else 0
-                if a:
-                    k = ks[j]
-                    dx = dxs[j]
-                    if s > s0[j]:
+                if live & (1 << j) and s >= s0:  # (the walk is at a pixel this step)
+                    k = _path(j, side)
+                    dx = _dx(k)
+                    if s > s0:
                         xs[j] = int32(xs[j] + dx)
                     x = xs[j]
                     g = qg[j]
@@ -399,8 +405,8 @@ def _make(K4, LW, vec, cc, capped, NW):
                         load(C1, pn * PER + lo, q, j)
                         qg[j] = int32(G1[pn])
                     xp = int32(x - dx)
-                    cont = s > s0[j] or (s == 0 and not first and uint32(xp) < uint32(w32))
-                    if s == s0[j]:
+                    cont = s > s0 or (s == 0 and not first and uint32(xp) < uint32(w32))
+                    if s == s0:
                         if cont:  # the band's first row: from the previous band's last
                             cb = uint64(k * w + xp) * HALF + uint64(2 * gl)
                             for i in range(K4):
@@ -452,11 +458,11 @@ def _make(K4, LW, vec, cc, capped, NW):
                                    int32(min(uint32(mps[1] & B2), uint32(mps[1] >> S16))),
                                    int32(min(uint32(mps[2] & B2), uint32(mps[2] >> S16))), scratch, wi, lane)
             for j in range(NW):
-                if act[j] != 0:
+                if live & (1 << j) and s >= s0:
                     mloc = m0 if j == 0 else (m1 if j == 1 else m2)
                     ms[j] = mloc
                     gs[j] = gc[j]
-                    k = ks[j]
+                    k = _path(j, side)
                     x = xs[j]
                     add(S1, (rp + uint64(x)) * PER + lo, P, j)
                     if int32(s + one) == rows:
@@ -466,8 +472,8 @@ def _make(K4, LW, vec, cc, capped, NW):
                                 cout[cb + uint64(2 * LW * i + hh)] = P[j, 2 * i + hh]
                         if gl == 0:
                             mout[uint64(k * w + x)] = mloc
-                    if uint32(int32(x + dxs[j])) >= uint32(w32):
-                        live[j] = 0  # the walk leaves the image at the side
+                    if uint32(int32(x + _dx(k))) >= uint32(w32):
+                        live &= ~(1 << j)  # the walk leaves the image at the side
             rp += drow
             s = int32(s + one)
     return kernel

@@ -607,11 +607,11 @@ class CudaBackend:
         """None (the SGM kernels read a stored volume, which the pipeline then asks
         census_volume for), except where SGM will run the horizontal pair first before
         bands (8 paths: aggregate_bands.horizontal_first; 4 paths: use_bands4): then the
-        volume, made in parts of rows (kcost.COST_PARTS), for the pair to start on each
+        volume, made in parts of rows (kcost.cost_parts), for the pair to start on each
         part as it is made."""
         h, w = left.shape
         if self._sgm_plan(ndisp, paths, h * w * ndisp)[3]:
-            return self._census_volume(left, right, min_d, ndisp, wx, wy, kcost.COST_PARTS)
+            return self._census_volume(left, right, min_d, ndisp, wx, wy, kcost.cost_parts(ndisp, paths, h * w * ndisp))
         return None
 
     @staticmethod

@@ -312,6 +312,20 @@ def _pack4():
 # 24.22 25.06, 24.77 24.58; 1920x1080/256/8 6.54 6.53 / 6.66 6.59 / 6.35 6.34, 6.34
 # 6.32, 6.45 6.48. STEREOCLI_COST_PARTS: how many parts (1 turns it off).
 COST_PARTS = int(os.environ.get("STEREOCLI_COST_PARTS", "4"))
+# 8 parts for the 8-path bands at 256 disparities and more from COST_PARTS_LARGE_MIN_CELLS
+# cells (W x H x D; 3840x2160 / 256), where the pair's parts run side by side for 7.8 ms
+# before the bands. H100, kernel ms as above, 4 / 8 parts, rounds alternated in one
+# process: thirty-eighth session 24.18 24.07 / 23.88 23.87; thirty-ninth 24.18 24.06
+# 24.05 / 23.86 23.82 23.92 (1920x1080/256/8 6.35 6.32 6.35 / 6.35 6.31 6.29,
+# 1920x1080/128/4 2.64 2.63 2.65 / 2.73 2.66 2.69: those keep 4).
+COST_PARTS_LARGE = int(os.environ.get("STEREOCLI_COST_PARTS", "8"))
+COST_PARTS_LARGE_MIN_CELLS = 1 << 30
+
+
+def cost_parts(n, paths, cells):
+    """How many parts of rows the census volume is made in for SGM over n disparities,
+    `paths` directions and `cells` cells, where the horizontal pair runs first."""
+    return COST_PARTS_LARGE if paths == 8 and n >= 256 and cells >= COST_PARTS_LARGE_MIN_CELLS else COST_PARTS
 
 
 def row_chunks(h, parts):
