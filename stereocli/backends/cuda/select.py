@@ -34,6 +34,13 @@ SELECT_WARPS = 1 if SIM else int(os.environ.get("STEREOCLI_SELECT_WARPS", "16"))
 SELECT_WITH_BANDS = os.environ.get("STEREOCLI_SELECT_OVERLAP", "auto")
 SELECT_WITH_BANDS_MIN_CELLS = 1 << 28
 SELECT_STREAMS = int(os.environ.get("STEREOCLI_SELECT_STREAMS", "4"))
+# The last SELECT_TAIL ranges of rows the bands finish are selected after (or beside) the
+# last bands, a block a row: at 3840x2160 / 256 / 8 the last two ranges are 16 rows
+# each, 32 blocks on 132 SMs, each block a whole row's 3840 x 256 sums (the selection
+# after the aggregation: 0.24 ms). Split into narrower segments of columns
+# (tail_segment), their blocks fill a wave. Off until measured: STEREOCLI_SELECT_TAIL=N
+# splits the last N ranges (0: none).
+SELECT_TAIL = int(os.environ.get("STEREOCLI_SELECT_TAIL", "0"))
 
 
 def select_with_bands(cells):
@@ -112,17 +119,18 @@ def _make_select_kernel(vec, HOLD, P, WARPS, ONE, cc):
         return int32(int32(acc) << KEY_SHIFT) | d
 
     @cuda.jit(cache=CACHE, **_REGS("STEREOCLI_SELECT_REGS", 64))  # 4 blocks per SM, not 3: 15 % faster
-    def select_kernel(V, nv, wd, n, min_d, uniqueness, subpixel, right, confidence, out, out_r, out_c, y0):
-        """Rows y0, y0 + 1, ... (a block per row and segment of columns): every row, or
-        the rows of the bands of SGM that have finished (CudaBackend.select)."""
+    def select_kernel(V, nv, wd, n, min_d, uniqueness, subpixel, right, confidence, out, out_r, out_c, y0, segw):
+        """Rows y0, y0 + 1, ... (a block per row and segment of segw <= SELECT_SEGMENT
+        columns): every row, or the rows of the bands of SGM that have finished
+        (CudaBackend.select)."""
         # the right pixels' keys, the segment's last column first: a read's four cells
         # then go to ascending slots, at constant offsets from the first one's address
         rkey = cuda.shared.array(SELECT_SEGMENT, int32)
         scratch = cuda.shared.array((WARPS, SGM_LANES), int32)  # the simulator's exchange
         held = cuda.local.array(HOLD, uint64)
         y = int32(cuda.blockIdx.y + y0)
-        a = cuda.blockIdx.x * SELECT_SEGMENT  # this block's columns a..b-1
-        b = min(a + SELECT_SEGMENT, wd)
+        a = cuda.blockIdx.x * segw  # this block's columns a..b-1
+        b = min(a + segw, wd)
         tid = cuda.threadIdx.x
         w = tid // LANES
         lane = tid % LANES
@@ -310,6 +318,16 @@ def _make_select_kernel(vec, HOLD, P, WARPS, ONE, cc):
 
 
 _SELECT_KERNELS = {}
+
+
+def tail_segment(w, n, rows, sms):
+    """Columns a block of the selection takes in a range of `rows` rows of width w (n
+    disparities) to fill one wave of blocks on `sms` SMs (two 16-warp blocks an SM at 64
+    registers): a row split into as many segments as fit, each at least n columns wide
+    (a segment also visits the n - 1 left pixels beside it for the right map), at most
+    SELECT_SEGMENT."""
+    parts = max(1, 2 * sms // max(1, rows))
+    return min(SELECT_SEGMENT, max(n, -(-w // parts)))
 
 
 # Packed words a lane holds (vec): a pixel takes P lanes, the fewest (a power of two, up
