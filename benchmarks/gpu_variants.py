@@ -56,7 +56,7 @@ def main():
     defaults = {key: getattr(*key) for _, settings in variants for key in settings}
     configs = [tuple(int(v) for v in c.replace("x", "/").split("/")) for c in a.configs.split(",")]
     if a.sim_check:
-        configs, a.rounds, a.repeat = [(64, 24, 8, 4)], 1, 1
+        configs, a.rounds, a.repeat = [(40, 16, 8, 4)], 1, 1
     bk = CudaBackend()
     for w, h, ndisp, paths in configs:
         left, right = pair(w, h)

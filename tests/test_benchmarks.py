@@ -30,7 +30,7 @@ SIMULATED = ("gpu.py", "gpu_variants.py", "gpu_handoff.py", "sgm_sweep.py", "pro
     ("gpu_variants.py", ["--sim-check", "one-part:COST_PARTS=1,COST_PARTS_LARGE=1"]),  # (the same)
     ("gpu_handoff.py", ["--sim-check"]),  # (the same)
     ("sgm_sweep.py", ["--sim-check"]),  # (the same)
-    ("profile_kernels.py", ["48", "24", "8", "4", "1"]),  # (the same)
+    ("profile_kernels.py", ["40", "16", "8", "4", "1"]),  # (the same)
     ("gpu_timeline.py", ["--sim-check"]),  # (the same)
     ("profile_host.py", ["--device", "cpu", "--scene", "tsukuba", "-n", "16", "--runs", "1"]),
     ("profile_cpu.py", ["--pairs", "tsukuba", "--threads", "1", "--repeat", "1"]),
