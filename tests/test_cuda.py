@@ -195,8 +195,8 @@ def test_horizontal_pair_starts_on_the_census_rows_made_so_far(rng, monkeypatch,
     cost.cost_parts); the pair starts on a part's lines as soon as that part is made, on
     side streams, storing into a sum nobody zeroed, and each band adds after the pair's
     parts over its rows: the census volume and the SGM sums are the CPU's, whether the
-    image's rows split evenly or not, and with more parts than the bands have rows. For 4 paths whose vertical pair runs first, the GPU
-    wants the stored volume."""
+    image's rows split evenly or not, and with more parts than the bands have rows. For
+    4 paths whose vertical pair runs first, the GPU wants the stored volume."""
     from stereocli.backends.cuda import aggregate_bands as kband
     from stereocli.backends.cuda import cost as kcost
     n = 256 if REAL_GPU else 8

@@ -260,8 +260,8 @@ def _make(K4, LW, vec, cc, capped, NW):
     costs as uint16 pairs in uint32 words (P[walk, 2 i + h]: disparities 4 (gl + LW i)
     + 2 h and + 1, gl its place in its group) and updates both halves at once: the
     costs stay below 2^15 (aggregate.EDGE), so a 32-bit add or subtract of two pairs
-    carries nothing from one half into the other, and the minima are min_u16x2 (one instruction on Hopper). Offsets into the
-    volumes are unsigned and stepped a row at a time (no per-access multiply by a
+    carries nothing from one half into the other, and the minima are min_u16x2 (one
+    instruction on Hopper). Offsets into the volumes are unsigned and stepped a row at a time (no per-access multiply by a
     run-time size, no negative-index fix-up). LW lanes take a walk group (a column's three
     walks): 32 // LW groups a warp, side by side, each its own column."""
     min2 = min_u16x2_for(cc)

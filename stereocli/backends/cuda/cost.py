@@ -318,7 +318,7 @@ COST_PARTS = int(os.environ.get("STEREOCLI_COST_PARTS", "4"))
 # process: thirty-eighth session 24.18 24.07 / 23.88 23.87; thirty-ninth 24.18 24.06
 # 24.05 / 23.86 23.82 23.92 (1920x1080/256/8 6.35 6.32 6.35 / 6.35 6.31 6.29,
 # 1920x1080/128/4 2.64 2.63 2.65 / 2.73 2.66 2.69: those keep 4).
-COST_PARTS_LARGE = int(os.environ.get("STEREOCLI_COST_PARTS", "8"))
+COST_PARTS_LARGE = int(os.environ.get("STEREOCLI_COST_PARTS", "8"))  # (the variable sets both)
 COST_PARTS_LARGE_MIN_CELLS = 1 << 30
 
 

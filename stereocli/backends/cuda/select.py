@@ -20,6 +20,7 @@ sel = device_twins(_sel)  # the stage's shared arithmetic, as device functions
 # 0.161, 1920x1080/128 0.723 / 0.668 / 0.672, 1920x1080/256 1.424 / 1.310 / 1.304,
 # 3840x2160/256 4.91 / 4.73 / 4.77. STEREOCLI_SELECT_WARPS sets it (tuning).
 SELECT_WARPS = 1 if SIM else int(os.environ.get("STEREOCLI_SELECT_WARPS", "16"))
+SELECT_REGS = 64  # the kernel's register cap: 4 blocks of 8 warps an SM, not 3 (15 % faster)
 # With SGM in bands (aggregate_bands), the rows the bands have finished are selected
 # while the bands go on with the others (CudaBackend.select; the middle rows finish
 # first, once both sweeps have passed them), each range's launch on one of
@@ -118,7 +119,7 @@ def _make_select_kernel(vec, HOLD, P, WARPS, ONE, cc):
             return int32(((half >> uint32(16 - KEY_SHIFT)) & uint32(KEY_FIELD)) | uint32(d))
         return int32(int32(acc) << KEY_SHIFT) | d
 
-    @cuda.jit(cache=CACHE, **_REGS("STEREOCLI_SELECT_REGS", 64))  # 4 blocks per SM, not 3: 15 % faster
+    @cuda.jit(cache=CACHE, **_REGS("STEREOCLI_SELECT_REGS", SELECT_REGS))
     def select_kernel(V, nv, wd, n, min_d, uniqueness, subpixel, right, confidence, out, out_r, out_c, y0, segw):
         """Rows y0, y0 + 1, ... (a block per row and segment of segw <= SELECT_SEGMENT
         columns): every row, or the rows of the bands of SGM that have finished
@@ -322,11 +323,12 @@ _SELECT_KERNELS = {}
 
 def tail_segment(w, n, rows, sms):
     """Columns a block of the selection takes in a range of `rows` rows of width w (n
-    disparities) to fill one wave of blocks on `sms` SMs (two 16-warp blocks an SM at 64
-    registers): a row split into as many segments as fit, each at least n columns wide
-    (a segment also visits the n - 1 left pixels beside it for the right map), at most
-    SELECT_SEGMENT."""
-    parts = max(1, 2 * sms // max(1, rows))
+    disparities) to fill one wave of blocks on `sms` SMs (as many blocks of SELECT_WARPS
+    warps an SM as their SELECT_REGS registers allow: two of 16): a row split into as
+    many segments as fit, each at least n columns wide (a segment also visits the n - 1
+    left pixels beside it for the right map), at most SELECT_SEGMENT."""
+    per_sm = max(1, 65536 // (SELECT_REGS * 32 * SELECT_WARPS))
+    parts = max(1, per_sm * sms // max(1, rows))
     return min(SELECT_SEGMENT, max(n, -(-w // parts)))
 
 
