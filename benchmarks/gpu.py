@@ -11,6 +11,12 @@ configuration; the first line reports the cold (compile or cache load) time.
 The last line is issue 13's 6000x4000 / 320 pair: its strips, 5 consecutive warm runs
 and their spread (benchmarks/large_pair.py compares it with the CPU's map).
 
+--libsgm-peer BINARY (benchmarks/libsgm_peer/build.sh makes it) also runs libSGM on the
+same pair and GPU for every row, with its 63-bit census 9x7 (what stereocli computes)
+and its 31-bit symmetric one, and prints both and the ratios to the faster, beside
+those to issue 13's table, which was measured on an H100: on another GPU (the H200
+machine) only the peer's figures compare like with like.
+
 --preset changes the end-to-end pipeline only (the kernel times are always the
 default's census + SGM + WTA + LR check, the figures libSGM is compared with).
 
@@ -30,7 +36,11 @@ NUMBA_CACHE_DIR: the kernel cache does not key on the register cap.
 import argparse
 import functools
 import gc
+import json
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import cv2
 import numba
@@ -199,6 +209,19 @@ def large_pair_line(runs):
          slowest_run_stages_ms=stages[int(np.argmax(ts))])
 
 
+def libsgm_peer(binary, left, right, ndisp, paths, census):
+    """libSGM's figures on this pair from the peer binary (census 0: CENSUS_9x7, 1:
+    SYMMETRIC_CENSUS_9x7): its JSON line."""
+    h, w = left.shape
+    with tempfile.TemporaryDirectory() as tmp:
+        names = [str(Path(tmp) / f"{side}.raw") for side in ("left", "right")]
+        for name, image in zip(names, (left, right)):
+            np.ascontiguousarray(image, dtype=np.uint8).tofile(name)
+        out = subprocess.run([binary, *names, str(w), str(h), str(ndisp), str(paths), "100", str(census)],
+                             capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=10)
@@ -210,6 +233,8 @@ def main():
                     help="only these rows of the table, as WxH/D/PATHS[,...] (e.g. 1920x1080/256/8)")
     ap.add_argument("--large-runs", type=int, default=5,
                     help="consecutive runs of the 6000x4000 / 320 pair at the end (0: none; not with --quick) [5]")
+    ap.add_argument("--libsgm-peer", metavar="BINARY",
+                    help="libSGM's peer binary (benchmarks/libsgm_peer/build.sh), run on every row's pair")
     ap.add_argument("--preset", default="default", help="the end-to-end pipeline's preset [default]")
     ap.add_argument("--sim-check", action="store_true",
                     help="one tiny size, for NUMBA_ENABLE_CUDASIM=1 in CI (a check that the script runs)")
@@ -245,6 +270,17 @@ def main():
         volume_mb = w * h * ndisp / 1e6
         used = None if a.sim_check else device_bytes(
             lambda: stereocli.match(left, right, preset=a.preset, device="cuda", num_disparities=ndisp, paths=paths))
+        peer = {}
+        if a.libsgm_peer:  # (the ratios and the bound against the faster of libSGM's two census types)
+            full, sym = (libsgm_peer(a.libsgm_peer, left, right, ndisp, paths, c) for c in (0, 1))
+            fast, fast_h2h = min(full["kernel_ms"], sym["kernel_ms"]), min(full["host_to_host_ms"],
+                                                                         sym["host_to_host_ms"])
+            peer = dict(libsgm_peer_gpu=full["gpu"], libsgm_peer_ms=round(full["kernel_ms"], 3),
+                        libsgm_peer_symmetric_census_ms=round(sym["kernel_ms"], 3),
+                        ratio_vs_libsgm_peer=round(k["total"] / fast, 2),
+                        libsgm_peer_host_ms=round(full["host_to_host_ms"], 3),
+                        libsgm_peer_symmetric_census_host_ms=round(sym["host_to_host_ms"], 3),
+                        end_to_end_bound_peer_ms=round(1.5 * fast_h2h, 2))
         emit(preset=a.preset, width=w, height=h, num_disparities=ndisp, paths=paths,
              kernel_ms={k2: round(v, 3) for k2, v in k.items()},
              kernel_total_with_launch_gaps_ms=round(k_launched, 3),
@@ -255,7 +291,8 @@ def main():
              end_to_end_bound_ms=round(1.5 * libsgm_h2h, 2) if libsgm_h2h else None,
              end_to_end_stages_ms={s: round(v, 2) for s, v in timings.items()},
              volume_mb=round(volume_mb, 1), device_mib=round(used / 2**20, 1) if used is not None else None,
-             device_bytes_per_cell=round(used / (volume_mb * 1e6), 2) if used is not None else None)
+             device_bytes_per_cell=round(used / (volume_mb * 1e6), 2) if used is not None else None,
+             **peer)
     if a.large_runs > 0 and not (a.quick or a.sim_check):
         large_pair_line(a.large_runs)
 
