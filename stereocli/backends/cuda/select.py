@@ -39,8 +39,12 @@ SELECT_STREAMS = int(os.environ.get("STEREOCLI_SELECT_STREAMS", "4"))
 # last bands, a block a row: at 3840x2160 / 256 / 8 the last two ranges are 16 rows
 # each, 32 blocks on 132 SMs, each block a whole row's 3840 x 256 sums (the selection
 # after the aggregation: 0.24 ms). Split into narrower segments of columns
-# (tail_segment), their blocks fill a wave. Off until measured: STEREOCLI_SELECT_TAIL=N
-# splits the last N ranges (0: none).
+# (tail_segment), their blocks fill a wave. STEREOCLI_SELECT_TAIL=N splits the last N
+# ranges (0: none). Off: H200, gpu_variants.py kernel ms, two rounds, base / N = 2 / N =
+# 4 (fortieth session): 3840x2160/256/8 19.50 19.47 / 19.35 19.46 / 19.43 19.43,
+# 1920x1080/128/4 2.261 2.263 / 2.261 2.262 / 2.279 2.274, 1920x1080/256/8 5.638 5.597
+# / 5.626 5.566 / 5.678 5.683: the selection's tail shrinks (0.24 -> 0.10-0.18 ms at
+# 3840x2160) but the totals stay within their noise.
 SELECT_TAIL = int(os.environ.get("STEREOCLI_SELECT_TAIL", "0"))
 
 
