@@ -37,6 +37,7 @@ import argparse
 import functools
 import gc
 import json
+import os
 import subprocess
 import tempfile
 import time
@@ -239,6 +240,8 @@ def main():
     ap.add_argument("--sim-check", action="store_true",
                     help="one tiny size, for NUMBA_ENABLE_CUDASIM=1 in CI (a check that the script runs)")
     a = ap.parse_args()
+    if a.libsgm_peer and not (Path(a.libsgm_peer).is_file() and os.access(a.libsgm_peer, os.X_OK)):
+        ap.error(f"--libsgm-peer {a.libsgm_peer}: no such program; build it with benchmarks/libsgm_peer/build.sh")
     import stereocli
     from stereocli.backends.cuda import CudaBackend, gpu_summary
     bk = CudaBackend()

@@ -10,6 +10,8 @@ src=${1:?usage: build.sh LIBSGM_SOURCE_DIR OUTPUT [ARCH]}
 out=${2:?usage: build.sh LIBSGM_SOURCE_DIR OUTPUT [ARCH]}
 arch=${3:-sm_90}
 here=$(cd "$(dirname "$0")" && pwd)
+command -v nvcc > /dev/null || { echo "build.sh: nvcc not found: put CUDA's bin folder on PATH" >&2; exit 2; }
+[ -f "$src/src/libsgm.cpp" ] || { echo "build.sh: $src holds no libSGM sources (src/libsgm.cpp)" >&2; exit 2; }
 inc=$(mktemp -d)
 trap 'rm -rf "$inc"' EXIT
 # (libSGM's CMake writes include/libsgm_config.h from its .in; a static build needs no more)
