@@ -8,8 +8,10 @@ configuration; the first line reports the cold (compile or cache load) time.
 
     python benchmarks/gpu.py [--repeat 10] [--quick] [--configs 1920x1080/256/8] [--preset quality] [--large-runs 5]
 
-The last line is issue 13's 6000x4000 / 320 pair: its strips, 5 consecutive warm runs
-and their spread (benchmarks/large_pair.py compares it with the CPU's map).
+Then issue 13's 6000x4000 / 320 pair: its strips, 5 consecutive warm runs and their
+spread (benchmarks/large_pair.py compares it with the CPU's map). The last line is a
+summary: the rows whose kernels are above libSGM's figure and those whose end to end is
+past its bound.
 
 --libsgm-peer BINARY (benchmarks/libsgm_peer/build.sh makes it) also runs libSGM on the
 same pair and GPU for every row, with its 63-bit census 9x7 (what stereocli computes)
@@ -252,6 +254,7 @@ def main():
     t = time.perf_counter()
     stereocli.match(left, right, device="cuda", num_disparities=configs[0][2] if a.sim_check else 64)
     emit(cold_first_match_s=round(time.perf_counter() - t, 2), gpu=dict(gpu_summary())["gpu"])
+    rows = []
     for w, h, ndisp, paths, libsgm, libsgm_h2h in configs:
         if a.quick and (w, h, ndisp) not in ((1242, 375, 128), (1920, 1080, 128)):
             continue
@@ -273,7 +276,7 @@ def main():
         volume_mb = w * h * ndisp / 1e6
         used = None if a.sim_check else device_bytes(
             lambda: stereocli.match(left, right, preset=a.preset, device="cuda", num_disparities=ndisp, paths=paths))
-        peer = {}
+        peer, fast = {}, None
         if a.libsgm_peer:  # (the ratios and the bound against the faster of libSGM's two census types)
             full, sym = (libsgm_peer(a.libsgm_peer, left, right, ndisp, paths, c) for c in (0, 1))
             fast, fast_h2h = min(full["kernel_ms"], sym["kernel_ms"]), min(full["host_to_host_ms"],
@@ -284,6 +287,10 @@ def main():
                         libsgm_peer_host_ms=round(full["host_to_host_ms"], 3),
                         libsgm_peer_symmetric_census_host_ms=round(sym["host_to_host_ms"], 3),
                         end_to_end_bound_peer_ms=round(1.5 * fast_h2h, 2))
+        rows.append(dict(config=f"{w}x{h}/{ndisp}/{paths}", ratio=k["total"] / libsgm if libsgm else None,
+                         within=min(ends) <= 1.5 * libsgm_h2h if libsgm_h2h else None,
+                         peer_ratio=k["total"] / fast if fast else None,
+                         peer_within=min(ends) <= peer["end_to_end_bound_peer_ms"] if peer else None))
         emit(preset=a.preset, width=w, height=h, num_disparities=ndisp, paths=paths,
              kernel_ms={k2: round(v, 3) for k2, v in k.items()},
              kernel_total_with_launch_gaps_ms=round(k_launched, 3),
@@ -298,6 +305,19 @@ def main():
              **peer)
     if a.large_runs > 0 and not (a.quick or a.sim_check):
         large_pair_line(a.large_runs)
+    summary(rows)
+
+
+def summary(rows):
+    """The last line: the rows whose kernels are above libSGM's figure (issue 13's table,
+    and the peer's where it ran) and those whose end to end is past its bound."""
+    out = dict(rows=len(rows),
+               above_libsgm_table=[r["config"] for r in rows if r["ratio"] is not None and r["ratio"] > 1.0],
+               past_end_to_end_bound=[r["config"] for r in rows if r["within"] is False])
+    if any(r["peer_ratio"] is not None for r in rows):
+        out.update(above_libsgm_peer=[r["config"] for r in rows if r["peer_ratio"] > 1.0],
+                   past_peer_end_to_end_bound=[r["config"] for r in rows if r["peer_within"] is False])
+    emit(summary=out)
 
 
 if __name__ == "__main__":
