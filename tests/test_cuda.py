@@ -418,30 +418,6 @@ def test_selection_of_the_rows_the_bands_finish(rng, monkeypatch, together, firs
         np.testing.assert_array_equal(g, w)
 
 
-@pytest.mark.parametrize("min_d", [0, -3])
-def test_last_ranges_selected_in_narrower_segments(rng, monkeypatch, min_d):
-    """The last ranges of rows the bands finish can be selected in segments of a row
-    (select.SELECT_TAIL, tail_segment), each block also visiting the left pixels beside
-    its segment for the right map: the maps are the CPU's, with a last segment narrower
-    than the others."""
-    from stereocli.backends.cuda import aggregate_bands as kband
-    from stereocli.backends.cuda import select as ksel
-    monkeypatch.setattr(kband, "BANDS", "on")
-    monkeypatch.setattr(kband, "BAND_ROWS", 16 if REAL_GPU else 2)
-    monkeypatch.setattr(ksel, "SELECT_WITH_BANDS", "on")
-    monkeypatch.setattr(ksel, "SELECT_TAIL", 2)
-    h, w, n = (150, 300, 128) if REAL_GPU else (7, 12, 8)  # (bands on a GPU: disparities a multiple of 128)
-    assert w % ksel.tail_segment(w, n, 1, 132) != 0  # (a narrower last segment)
-    C = rng.integers(0, 256, (h, w, n)).astype(np.uint8)
-    G = rng.integers(0, 256, (h, w)).astype(np.uint8)
-    P = GPU.sgm(GPU.upload(C), GPU.upload(G), 20, 200, True, 8)
-    assert P.ready is not None and len(P.ready) > ksel.SELECT_TAIL
-    got = select_on_gpu(P, min_d, 10.0, True, True, True)
-    want = CPU.select(CPU.sgm(C, G, 20, 200, True, 8), min_d, 10.0, True, True, True)
-    for g, w in zip(got, want):
-        np.testing.assert_array_equal(g, w)
-
-
 @pytest.mark.skipif(not REAL_GPU, reason="needs a real GPU: wide rows, many disparities")
 @pytest.mark.parametrize("w,ndisp,min_d", [(4500, 64, -20), (300, 256, 0), (2100, 128, -3), (200, 136, 5),
                                            (200, 130, 5), (5000, 40, 30)])

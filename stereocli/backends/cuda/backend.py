@@ -1063,14 +1063,12 @@ class CudaBackend:
             self._launch(kernel, ((w + segw - 1) // segw, h), threads, *args, np.int32(0), np.int32(segw))
         else:  # rows as SGM finishes them, on side streams by turns, while it goes on with the others
             sides = self._side_streams(2 + ksel.SELECT_STREAMS)[2:]
-            tail = len(ready) - ksel.SELECT_TAIL  # (the last ranges in narrower segments: SELECT_TAIL)
             for i, (y0, y1, events) in enumerate(ready):
                 side = sides[i % len(sides)]
                 for e in events:
                     self._wait(e, side)
-                sw = ksel.tail_segment(w, n, y1 - y0, kagg._sm_count()) if i >= tail else segw
-                self._launcher.launch(kernel, ((w + sw - 1) // sw, y1 - y0), threads, side, *args, np.int32(y0),
-                                      np.int32(sw))
+                self._launcher.launch(kernel, ((w + segw - 1) // segw, y1 - y0), threads, side, *args, np.int32(y0),
+                                      np.int32(segw))
             self._join(sides)
         return out, (out_r if right else None), (out_c if confidence else None)
 

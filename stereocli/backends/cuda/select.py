@@ -35,17 +35,6 @@ SELECT_REGS = 64  # the kernel's register cap: 4 blocks of 8 warps an SM, not 3 
 SELECT_WITH_BANDS = os.environ.get("STEREOCLI_SELECT_OVERLAP", "auto")
 SELECT_WITH_BANDS_MIN_CELLS = 1 << 28
 SELECT_STREAMS = int(os.environ.get("STEREOCLI_SELECT_STREAMS", "4"))
-# The last SELECT_TAIL ranges of rows the bands finish are selected after (or beside) the
-# last bands, a block a row: at 3840x2160 / 256 / 8 the last two ranges are 16 rows
-# each, 32 blocks on 132 SMs, each block a whole row's 3840 x 256 sums (the selection
-# after the aggregation: 0.24 ms). Split into narrower segments of columns
-# (tail_segment), their blocks fill a wave. STEREOCLI_SELECT_TAIL=N splits the last N
-# ranges (0: none). Off: H200, gpu_variants.py kernel ms, two rounds, base / N = 2 / N =
-# 4 (fortieth session): 3840x2160/256/8 19.50 19.47 / 19.35 19.46 / 19.43 19.43,
-# 1920x1080/128/4 2.261 2.263 / 2.261 2.262 / 2.279 2.274, 1920x1080/256/8 5.638 5.597
-# / 5.626 5.566 / 5.678 5.683: the selection's tail shrinks (0.24 -> 0.10-0.18 ms at
-# 3840x2160) but the totals stay within their noise.
-SELECT_TAIL = int(os.environ.get("STEREOCLI_SELECT_TAIL", "0"))
 
 
 def select_with_bands(cells):
@@ -323,17 +312,6 @@ def _make_select_kernel(vec, HOLD, P, WARPS, ONE, cc):
 
 
 _SELECT_KERNELS = {}
-
-
-def tail_segment(w, n, rows, sms):
-    """Columns a block of the selection takes in a range of `rows` rows of width w (n
-    disparities) to fill one wave of blocks on `sms` SMs (as many blocks of SELECT_WARPS
-    warps an SM as their SELECT_REGS registers allow: two of 16): a row split into as
-    many segments as fit, each at least n columns wide (a segment also visits the n - 1
-    left pixels beside it for the right map), at most SELECT_SEGMENT."""
-    per_sm = max(1, 65536 // (SELECT_REGS * 32 * SELECT_WARPS))
-    parts = max(1, per_sm * sms // max(1, rows))
-    return min(SELECT_SEGMENT, max(n, -(-w // parts)))
 
 
 # Packed words a lane holds (vec): a pixel takes P lanes, the fewest (a power of two, up
