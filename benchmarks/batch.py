@@ -2,9 +2,15 @@
 KITTI-like tree, run through `stereocli.batch` exactly as `stereo batch` runs them
 (reader/writer threads overlapped with the matching). Prints one JSON line with
 pairs/s, the summed read / compute / write ms and the share of time in I/O, after
-one warm-up pair (kernel compile/cache load excluded). A peer line times the plain
-serial loop a user would write with OpenCV StereoSGBM (read, compute, write PNG) on
-the same pairs in the same process (CPU only).
+one warm-up pair (kernel compile/cache load excluded). A "bounds" line says what
+bounds that rate, from two runs in the same process: the same batch with the
+matching taken out (each pair's map is a precomputed one of its size, so only the
+reads, encodes and writes remain: codec_only_pairs_per_s) and the matching alone,
+one pair after another on images already decoded (match_only_pairs_per_s); `bound`
+is the slower of the two and `overlap` the batch's rate over that one's (1.0: the
+other work hides entirely behind it). A peer line times the plain serial loop a
+user would write with OpenCV StereoSGBM (read, compute, write PNG) on the same pairs
+in the same process (CPU only).
 
     python benchmarks/batch.py [DATA_DIR] [--pairs 200] [--device cpu|cuda] [-n 64] [--threads N] [--quick]
 """
@@ -31,6 +37,34 @@ def build_tree(data: Path, root: Path, n: int):
         shutil.copyfile(data / scene / "right.png", root / "right" / f"{i:06d}_{scene}.png")
 
 
+def bounds(root: Path, pairs, params, backend, ext: str, threads: int, rate: float):
+    """The "bounds" line (module docstring): the batch without its matching, and the
+    matching without the batch."""
+    from stereocli import pipeline
+    images, maps = [], {}
+    for p in pairs[:len(SCENES)]:
+        left, right, _ = batch.load_pair(p)
+        images.append((left, right))
+        maps[left.shape] = pipeline.run(left, right, params, backend)
+
+    def precomputed(fn, left, right, *args, **kw):
+        return maps[left.shape]
+
+    again = batch.find_pairs(root / "left", root / "right", root / "codec_only", ext)
+    t = time.perf_counter()
+    s = batch.run(again, params, backend, ext, threads=threads, compute=precomputed)
+    codec = s.done / (time.perf_counter() - t)
+    n = min(len(pairs), 400)
+    t = time.perf_counter()
+    for i in range(n):
+        pipeline.run(*images[i % len(images)], params, backend)
+    match = n / (time.perf_counter() - t)
+    slower = min(codec, match)
+    emit(bench="stereo batch bounds", device=backend.name, threads=threads, pairs_per_s=round(rate, 2),
+         codec_only_pairs_per_s=round(codec, 2), match_only_pairs_per_s=round(match, 2), match_only_pairs=n,
+         bound="codec" if codec < match else "matching", overlap=round(rate / slower, 3))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("data", nargs="?", default=str(DATA))
@@ -41,6 +75,7 @@ def main():
     ap.add_argument("--format", default="png")
     ap.add_argument("--preset", default="default")
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--no-bounds", action="store_true", help="skip the runs behind the bounds line")
     ap.add_argument("--quick", action="store_true", help="4 pairs, 16 disparities (a check that the script runs)")
     a = ap.parse_args()
     if a.quick:
@@ -65,6 +100,8 @@ def main():
              read_ms=round(s.read_ms, 1), compute_ms=round(s.compute_ms, 1), write_ms=round(s.write_ms, 1),
              io_share=round(io_ms / (io_ms + s.compute_ms), 3),
              compute_busy=round(s.compute_ms / (wall * 1e3), 3))
+        if not a.no_bounds:
+            bounds(root, pairs, params, backend, ext, a.threads, s.done / wall)
         if a.no_peer:
             return
         sgbm = opencv_sgbm(a.num_disparities)
