@@ -261,9 +261,10 @@ def _make(K4, LW, vec, cc, capped, NW):
     + 2 h and + 1, gl its place in its group) and updates both halves at once: the
     costs stay below 2^15 (aggregate.EDGE), so a 32-bit add or subtract of two pairs
     carries nothing from one half into the other, and the minima are min_u16x2 (one
-    instruction on Hopper). Offsets into the volumes are unsigned and stepped a row at a time (no per-access multiply by a
-    run-time size, no negative-index fix-up). LW lanes take a walk group (a column's three
-    walks): 32 // LW groups a warp, side by side, each its own column."""
+    instruction on Hopper). Offsets into the volumes are unsigned and stepped a row at a
+    time (no per-access multiply by a run-time size, no negative-index fix-up). LW lanes
+    take a walk group (a column's three walks): 32 // LW groups a warp, side by side,
+    each its own column."""
     min2 = min_u16x2_for(cc)
     GW = L // LW  # walk groups a warp
     gmin3 = group_min3_for(LW)
