@@ -9,7 +9,9 @@ configuration; the first line reports the cold (compile or cache load) time.
     python benchmarks/gpu.py [--repeat 10] [--quick] [--configs 1920x1080/256/8] [--preset quality] [--large-runs 5]
 
 Then issue 13's 6000x4000 / 320 pair: its strips, 5 consecutive warm runs and their
-spread (benchmarks/large_pair.py compares it with the CPU's map). The last line is a
+spread, device memory a cell (benchmarks/large_pair.py compares it with the CPU's map),
+and the same in one strip, as `stereo match --max-memory MIB` runs it
+(--no-large-one-strip: not). The last line is a
 summary: the rows whose kernels are above libSGM's figure and those whose end to end is
 past its bound.
 
@@ -178,19 +180,33 @@ def kernel_times(bk, left, right, ndisp, paths, repeat, hold=True, host=False):
 LARGE = (6000, 4000, 320, 250.0)  # issue 13's large pair: width, height, disparities, end-to-end bound (ms)
 
 
-def large_pair_line(runs):
+def large_pair_line(runs, one_strip=False):
     """Issue 13's large pair, default preset from host arrays: how many strips, each of
     `runs` consecutive warm runs (after two that allocate the device memory and the
     pinned result maps at this size), their spread (slowest / fastest - 1), how many
     result maps were pinned during them (0 when the warm-ups' maps came back to the
     pool; each one a pause of tens of ms), the stages of the last and of the slowest
-    (where a slow run lost its time)."""
+    (where a slow run lost its time).
+
+    one_strip: the same in one strip, as `stereo match --max-memory MIB` runs it with
+    the MiB that one strip of the whole image needs (the line gives that option and the
+    device memory a run takes, a cell). The default layout is the same on every device
+    (pipeline.STRIP_CELLS: 4 strips here), so that the CPU's map is the same; one strip's
+    map differs from it along the seams."""
     from stereocli import config, pipeline
     from stereocli.backends import get_backend
     w, h, ndisp, bound = LARGE
     left, right = pair(w, h)
     params = config.load("default", None, {"num_disparities": ndisp})
     bk = get_backend("cuda")
+    extra = dict(layout="default")
+    if one_strip:
+        need = pipeline.strip_bytes(h, w, params, bk.sgm_bytes_per_element(params.paths))
+        mib = -(-need // 2 ** 20)
+        params = config.load("default", None, {"num_disparities": ndisp, "max_memory": mib})
+        extra = dict(layout=f"--max-memory {mib}")
+    used = device_bytes(lambda: pipeline.run(left, right, params, bk))
+    extra.update(device_bytes_per_cell=round(used / (w * h * ndisp), 2))
     # Two warm-up runs, the first one's map kept during the second, as the loop below
     # keeps each map while the next is made: the result maps come in pinned host memory
     # (hostmem), and the second map alive at once is pinned then (91 MiB, about 40 ms on
@@ -206,7 +222,7 @@ def large_pair_line(runs):
         r = pipeline.run(left, right, params, bk)
         ts.append((time.perf_counter() - t) * 1e3)
         stages.append({k: round(v, 1) for k, v in r.timings.items()})
-    emit(preset="default", width=w, height=h, num_disparities=ndisp, strips=r.strips,
+    emit(preset="default", width=w, height=h, num_disparities=ndisp, strips=r.strips, **extra,
          run_ms=[round(t, 1) for t in ts], best_ms=round(min(ts), 1), spread=round(max(ts) / min(ts) - 1, 3),
          maps_pinned_during_runs=_HOST_MAPS.pinned - pinned0, bound_ms=bound, stages_ms=stages[-1],
          slowest_run_stages_ms=stages[int(np.argmax(ts))])
@@ -236,6 +252,8 @@ def main():
                     help="only these rows of the table, as WxH/D/PATHS[,...] (e.g. 1920x1080/256/8)")
     ap.add_argument("--large-runs", type=int, default=5,
                     help="consecutive runs of the 6000x4000 / 320 pair at the end (0: none; not with --quick) [5]")
+    ap.add_argument("--large-one-strip", action=argparse.BooleanOptionalAction, default=True,
+                    help="after the large pair's line, the same pair in one strip (--max-memory) [on]")
     ap.add_argument("--libsgm-peer", metavar="BINARY",
                     help="libSGM's peer binary (benchmarks/libsgm_peer/build.sh), run on every row's pair")
     ap.add_argument("--preset", default="default", help="the end-to-end pipeline's preset [default]")
@@ -305,6 +323,8 @@ def main():
              **peer)
     if a.large_runs > 0 and not (a.quick or a.sim_check):
         large_pair_line(a.large_runs)
+        if a.large_one_strip:
+            large_pair_line(a.large_runs, one_strip=True)
     summary(rows)
 
 

@@ -1060,15 +1060,14 @@ class CudaBackend:
                 out, out_r, out_c)
         segw, threads = ksel.SELECT_SEGMENT, kc.SGM_LANES * ksel.SELECT_WARPS
         if not ready:
-            self._launch(kernel, ((w + segw - 1) // segw, h), threads, *args, np.int32(0), np.int32(segw))
+            self._launch(kernel, ((w + segw - 1) // segw, h), threads, *args, np.int32(0))
         else:  # rows as SGM finishes them, on side streams by turns, while it goes on with the others
             sides = self._side_streams(2 + ksel.SELECT_STREAMS)[2:]
             for i, (y0, y1, events) in enumerate(ready):
                 side = sides[i % len(sides)]
                 for e in events:
                     self._wait(e, side)
-                self._launcher.launch(kernel, ((w + segw - 1) // segw, y1 - y0), threads, side, *args, np.int32(y0),
-                                      np.int32(segw))
+                self._launcher.launch(kernel, ((w + segw - 1) // segw, y1 - y0), threads, side, *args, np.int32(y0))
             self._join(sides)
         return out, (out_r if right else None), (out_c if confidence else None)
 

@@ -113,8 +113,8 @@ def _make_select_kernel(vec, HOLD, P, WARPS, ONE, cc):
         return int32(int32(acc) << KEY_SHIFT) | d
 
     @cuda.jit(cache=CACHE, **_REGS("STEREOCLI_SELECT_REGS", SELECT_REGS))
-    def select_kernel(V, nv, wd, n, min_d, uniqueness, subpixel, right, confidence, out, out_r, out_c, y0, segw):
-        """Rows y0, y0 + 1, ... (a block per row and segment of segw <= SELECT_SEGMENT
+    def select_kernel(V, nv, wd, n, min_d, uniqueness, subpixel, right, confidence, out, out_r, out_c, y0):
+        """Rows y0, y0 + 1, ... (a block per row and segment of SELECT_SEGMENT
         columns): every row, or the rows of the bands of SGM that have finished
         (CudaBackend.select)."""
         # the right pixels' keys, the segment's last column first: a read's four cells
@@ -123,8 +123,8 @@ def _make_select_kernel(vec, HOLD, P, WARPS, ONE, cc):
         scratch = cuda.shared.array((WARPS, SGM_LANES), int32)  # the simulator's exchange
         held = cuda.local.array(HOLD, uint64)
         y = int32(cuda.blockIdx.y + y0)
-        a = cuda.blockIdx.x * segw  # this block's columns a..b-1
-        b = min(a + segw, wd)
+        a = cuda.blockIdx.x * SELECT_SEGMENT  # this block's columns a..b-1
+        b = min(a + SELECT_SEGMENT, wd)
         tid = cuda.threadIdx.x
         w = tid // LANES
         lane = tid % LANES
