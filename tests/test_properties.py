@@ -52,6 +52,27 @@ def test_random_disparity_files_read_or_say_why(ext, tail, head):
             assert d.dtype == np.float32 and d.ndim == 2
 
 
+@given(arrays(np.float32, st.tuples(st.integers(1, 12), st.integers(1, 12)),
+              elements=st.one_of(st.integers(0, 65535 * 2).map(lambda k: k / 512),  # on and between 1/256 steps
+                                 st.floats(0, 255.99609375, width=32), st.sampled_from([np.nan, np.inf, -np.inf]))))
+def test_png_map_holds_round_d_times_256_and_0_where_invalid(d):
+    """KITTI's 16-bit PNG: each value is d * 256 rounded (half to even, as Python's
+    round), at least 1, and 0 where the map has no disparity (NaN or infinite)."""
+    stored = cv2.imdecode(np.frombuffer(io.encode_disparity(d, ".png"), np.uint8), cv2.IMREAD_UNCHANGED)
+    assert stored.dtype == np.uint16
+    want = [[0 if not np.isfinite(x) else max(1, round(float(x) * 256)) for x in row] for row in d]
+    assert stored.reshape(d.shape).tolist() == want
+
+
+@given(st.floats(-1000, -1e-3) | st.floats(256.0, 1e6))
+def test_png_map_refuses_disparities_it_cannot_hold(bad):
+    d = np.full((3, 4), 10.0, np.float32)
+    d[1, 2] = bad
+    d[0, 0] = np.nan
+    with pytest.raises(stereocli.StereoError, match="16-bit PNG"):
+        io.encode_disparity(d, ".png")
+
+
 def test_truncated_png_is_reported_without_opencvs_own_lines(capfd):
     data = (Path(__file__).parent.parent / "sample_data" / "left.png").read_bytes()
     for cut in (9, 40, len(data) // 2, len(data) - 5):
