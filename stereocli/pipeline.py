@@ -8,7 +8,9 @@ and only each strip's own rows are kept. The layout depends on the image and the
 options only, never on the device or its free memory, so every device gives the
 same map: strips hold at most `STRIP_CELLS` cells of W x rows x D, or, with
 --max-memory, as many rows as that budget holds. Only a device that cannot hold one
-such strip plans smaller ones, and the Result says so (`notes`).
+such strip plans smaller ones, of half, a quarter, ... as many cells (the largest that
+fits: so the layout does not follow every change in free memory), and the Result says
+so (`notes`).
 
 Input pixels that are NaN or infinite (float images) are matched as 0 and get no
 disparity: the output is NaN wherever the left pixel, or the right pixel it was
@@ -94,11 +96,11 @@ def bytes_per_row(width: int, params: Params, sgm_bytes: int = 2) -> int:
 
 
 def plan_strips(height: int, width: int, params: Params, budget_bytes: int | None = None,
-                sgm_bytes: int = 2) -> list[tuple[int, int, int, int]]:
+                sgm_bytes: int = 2, cells: int = STRIP_CELLS) -> list[tuple[int, int, int, int]]:
     """[(y0, y1, keep0, keep1)]: strip rows y0..y1 (exclusive), of which keep0..keep1 go to the output.
-    With no budget, strips of at most STRIP_CELLS volume cells (the same on every device)."""
+    With no budget, strips of at most `cells` volume cells (STRIP_CELLS: the same on every device)."""
     if budget_bytes is None:
-        rows = STRIP_CELLS // (width * params.num_disparities)
+        rows = cells // (width * params.num_disparities)
         fixed = row = 0
     else:
         fixed = 2 * width * params.num_disparities * 8  # per-line scratch
@@ -134,9 +136,23 @@ def layout(h: int, w: int, params: Params, backend):
     if not free or not math.isfinite(free):
         return strips, None
     room = int(free * MEMORY_SHARE)
-    if strip_bytes(max(y1 - y0 for y0, y1, _, _ in strips), w, params, sgm_bytes) <= room:
+
+    def fits(plan):
+        return strip_bytes(max(y1 - y0 for y0, y1, _, _ in plan), w, params, sgm_bytes) <= room
+
+    if fits(strips):
         return strips, None
-    small = plan_strips(h, w, params, room, sgm_bytes)
+    # Smaller strips from a fixed ladder, STRIP_CELLS / 2, / 4, ...: the largest that fits.
+    # The layout then follows the free memory in steps of two only, so a machine gives the
+    # same map from one run to the next while its free memory moves a little, and devices
+    # on the same step give the same map. Below the ladder's last step (a strip's
+    # overlaps and 16 rows), the rows that the room holds, or plan_strips' error.
+    small, cells = None, STRIP_CELLS // 2
+    while small is None and cells // (w * params.num_disparities) >= 2 * STRIP_OVERLAP + 16:
+        plan = plan_strips(h, w, params, cells=cells)
+        small, cells = (plan if fits(plan) else None), cells // 2
+    if small is None:
+        small = plan_strips(h, w, params, room, sgm_bytes)
     note = (f"{backend.name}: {room / 2 ** 20:.0f} MiB of free memory holds less than one standard strip, so "
             f"this ran in {len(small)} strips instead of {len(strips)}; maps can differ slightly along the "
             f"seams from other machines' (--max-memory MiB fixes the layout everywhere)")

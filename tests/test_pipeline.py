@@ -110,6 +110,24 @@ def test_strip_layout_depends_on_the_image_not_on_free_memory():
     assert len(small) > len(strips) and "--max-memory" in note
 
 
+def test_a_memory_forced_layout_stays_put_while_free_memory_moves_a_little():
+    """Where a standard strip does not fit, the smaller layout follows the free memory
+    in steps of two only: runs on a machine whose free memory moves between 5 and 8 GiB
+    give one map, not one per run."""
+    from stereocli import config, pipeline
+    params = config.load("default", None, {"num_disparities": 320})
+    h, w = 4000, 6000
+    standard, _ = pipeline.layout(h, w, params, _CpuWithMemory(None))
+    layouts = [pipeline.layout(h, w, params, _CpuWithMemory(g * 2 ** 30)) for g in (5, 5.5, 6, 7, 8)]
+    strips, note = layouts[0]
+    assert all(lay[0] == strips for lay in layouts)
+    assert len(strips) > len(standard) and "--max-memory" in note
+    assert strips[0][2] == 0 and strips[-1][3] == h and all(a[3] == b[2] for a, b in zip(strips, strips[1:]))
+    room = int(5 * 2 ** 30 * pipeline.MEMORY_SHARE)  # and each strip fits the least of them
+    sgm = _CpuWithMemory(None).sgm_bytes_per_element(params.paths)
+    assert pipeline.strip_bytes(max(y1 - y0 for y0, y1, _, _ in strips), w, params, sgm) <= room
+
+
 def test_a_strip_run_of_a_shared_scene_scores_within_a_tenth_of_a_point_of_the_unsplit_run():
     scene = SHARED_DATA / "teddy"
     if not scene.exists():
