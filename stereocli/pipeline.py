@@ -38,6 +38,7 @@ from .io import nonfinite_mask, to_grey, to_guide
 from .stages import cost, preprocess, refine
 
 STRIP_OVERLAP = 48
+MIN_CORE_ROWS = 16  # a strip's own rows (those it keeps) at the least
 STRIP_CELLS = 2 ** 31  # volume cells (W x rows x D) of one strip: 3840x2160 with 256 disparities is one
 MEMORY_SHARE = 0.7  # of the device's free memory that one strip may take
 STAGES = ("upload", "preprocess", "cost", "aggregate", "select", "lr_check", "speckle", "fill", "median",
@@ -109,8 +110,8 @@ def plan_strips(height: int, width: int, params: Params, budget_bytes: int | Non
     if rows >= height:
         return [(0, height, 0, height)]
     core = rows - 2 * STRIP_OVERLAP
-    if core < 16:
-        need_mib = (fixed + row * (16 + 2 * STRIP_OVERLAP)) / 2 ** 20
+    if core < MIN_CORE_ROWS:
+        need_mib = (fixed + row * (MIN_CORE_ROWS + 2 * STRIP_OVERLAP)) / 2 ** 20
         raise StereoError(f"{width} px wide with {params.num_disparities} disparities needs at least "
                           f"{math.ceil(need_mib)} MiB for one strip; raise --max-memory or reduce --num-disparities")
     strips = []
@@ -146,11 +147,14 @@ def layout(h: int, w: int, params: Params, backend):
     # The layout then follows the free memory in steps of two only, so a machine gives the
     # same map from one run to the next while its free memory moves a little, and devices
     # on the same step give the same map. Below the ladder's last step (a strip's
-    # overlaps and 16 rows), the rows that the room holds, or plan_strips' error.
+    # overlaps and MIN_CORE_ROWS), the rows that the room holds, or plan_strips' error.
     small, cells = None, STRIP_CELLS // 2
-    while small is None and cells // (w * params.num_disparities) >= 2 * STRIP_OVERLAP + 16:
+    while cells // (w * params.num_disparities) >= 2 * STRIP_OVERLAP + MIN_CORE_ROWS:
         plan = plan_strips(h, w, params, cells=cells)
-        small, cells = (plan if fits(plan) else None), cells // 2
+        if fits(plan):
+            small = plan
+            break
+        cells //= 2
     if small is None:
         small = plan_strips(h, w, params, room, sgm_bytes)
     note = (f"{backend.name}: {room / 2 ** 20:.0f} MiB of free memory holds less than one standard strip, so "
