@@ -2,6 +2,8 @@
 import os
 import subprocess
 import sys
+
+import pytest
 from pathlib import Path
 
 import stereocli
@@ -61,3 +63,43 @@ def test_an_unwritable_cache_folder_compiles_without_a_cache_and_says_so_once(tm
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot be written" in lines[0] and "STEREOCLI_CACHE_DIR" in lines[0]
     assert kernel_files(PACKAGE) == before
+
+
+KEY_SCRIPT = """
+import sys
+
+import pytest
+from numba.cuda.dispatcher import CUDACache
+from stereocli.backends.cuda import aggregate, cost, select
+
+class Codegen:
+    def magic_tuple(self):
+        return ("x86_64-unknown-linux-gnu", "sm_90", "")
+
+kernels = [cost.census8_kernel_for(9, 7), select._make_select_kernel(True, int(sys.argv[1]), 8, 4, False, (9, 0)),
+           aggregate._make_sgm_kernel(32, 2, True, False, 1, packed=True, cc=(9, 0))]
+if not all(isinstance(getattr(k, "_cache", None), CUDACache) for k in kernels):
+    print("no cache")
+else:
+    print([k._cache._index_key(("sig",), Codegen()) for k in kernels])
+"""
+
+
+def test_factory_made_gpu_kernels_have_the_same_cache_key_in_every_process():
+    """The SGM, census and selection kernels are made by factories whose closures hold
+    device functions; the kernel cache must find them again in the next process (else
+    every GPU run compiled them anew: 20 s a `stereo match` on the H200). Keys come
+    from fresh processes (string hashing differs between them); another factory
+    argument gives another key."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+
+    def keys(hold):
+        r = subprocess.run([sys.executable, "-c", KEY_SCRIPT, str(hold)], capture_output=True, text=True, env=env)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    first = keys(2)
+    if first == "no cache":
+        pytest.skip("this Numba has no CUDA kernel cache")
+    assert keys(2) == first
+    assert keys(1) != first

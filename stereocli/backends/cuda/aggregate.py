@@ -5,7 +5,7 @@ import os
 from numba import cuda, int32, uint16, uint32, uint64
 
 from ...stages import aggregate as _agg
-from .common import (_REGS, BIG, CACHE, LLVM_INLINE, SGM_K, SGM_LANES, SGM_WARPS, SIM, _volume_index, atomic_add_at,
+from .common import (stable_cache_key, _REGS, BIG, CACHE, LLVM_INLINE, SGM_K, SGM_LANES, SGM_WARPS, SIM, _volume_index, atomic_add_at,
                      auto_on_off, byte_perm, from_lane_above, from_lane_below, group_min_for, min_u16x2_for, warp_min,
                      device_twins)
 
@@ -436,7 +436,7 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
                                                stride, length, nk, m, m2, wf, wb, ex)
             s += R
 
-    return sgm_lines_kernel
+    return stable_cache_key(sgm_lines_kernel)
 
 
 
@@ -866,4 +866,4 @@ def _make_mgm_kernel(K):
                         load_line(Lg, (prev + k1 + bdv * sv) * n, c0, n, pb)
             cuda.syncthreads()
 
-    return kernel
+    return stable_cache_key(kernel)

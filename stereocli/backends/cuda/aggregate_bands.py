@@ -42,7 +42,7 @@ import os
 import numpy as np
 from numba import cuda, int32, uint32, uint64
 
-from .common import (_REGS, BIG, CACHE, SGM_LANES, SGM_WARPS, SIM, atomic_add_at, auto_on_off, from_lane, group_min3_for,
+from .common import (stable_cache_key, _REGS, BIG, CACHE, SGM_LANES, SGM_WARPS, SIM, atomic_add_at, auto_on_off, from_lane, group_min3_for,
                      group_min_for, min_u16x2_for)
 
 L = SGM_LANES  # lanes of a warp (the simulator: 1, or STEREOCLI_SIM_LANES)
@@ -477,4 +477,4 @@ def _make(K4, LW, vec, cc, capped, NW):
                         live &= ~(1 << j)  # the walk leaves the image at the side
             rp += drow
             s = int32(s + one)
-    return kernel
+    return stable_cache_key(kernel)

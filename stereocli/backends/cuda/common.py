@@ -329,3 +329,104 @@ def _volume_index(w, n):
     i = uint32(cuda.blockIdx.x) * uint32(cuda.blockDim.x) + uint32(cuda.threadIdx.x)
     x = i // uint32(n)
     return int32(cuda.blockIdx.y), int32(x), int32(i - x * uint32(n)), x < uint32(w)
+
+
+# ------------------------------------------------- kernel cache keys of factory-made kernels
+
+class _Unstable(Exception):
+    pass
+
+
+def _describe(obj, seen=None) -> str:
+    """A text for `obj` (a kernel's closure value) that is the same in every process for
+    the same code and values: plain values by repr, functions by their code, their
+    closure and the globals they name, Numba's dispatchers and intrinsics by the function
+    behind them. Anything else raises _Unstable."""
+    seen = set() if seen is None else seen
+    if isinstance(obj, (bool, int, float, str, bytes, type(None), np.generic, np.dtype)):
+        return repr(obj)
+    if isinstance(obj, (tuple, list)):
+        return "(" + ",".join(_describe(x, seen) for x in obj) + ")"
+    if isinstance(obj, types.ModuleType):
+        return "module " + obj.__name__
+    from numba.core import types as nbtypes
+    from numba.core.typing.templates import Signature
+    if isinstance(obj, (nbtypes.Type, Signature)):
+        return repr(obj)
+    if isinstance(obj, types.FunctionType):
+        if id(obj) in seen:
+            return "recursion " + obj.__qualname__
+        seen.add(id(obj))
+        code = obj.__code__
+        cells = [c.cell_contents for c in obj.__closure__ or ()]
+        names = {n: obj.__globals__[n] for n in _code_names(code) if n in obj.__globals__}
+        return (f"fn {obj.__module__}.{obj.__qualname__} {_describe_code(code)} "
+                f"cells {_describe(tuple(cells), seen)} "
+                f"globals {','.join(f'{n}={_describe_global(v, seen)}' for n, v in sorted(names.items()))}")
+    if hasattr(obj, "py_func") and hasattr(obj, "targetoptions"):  # a dispatcher (a device function)
+        return f"jit {sorted((k, repr(v)) for k, v in obj.targetoptions.items())} {_describe(obj.py_func, seen)}"
+    defn = getattr(obj, "_defn", None)  # an @intrinsic
+    if isinstance(defn, types.FunctionType):
+        return "intrinsic " + _describe(defn, seen)
+    raise _Unstable(type(obj).__name__)
+
+
+def _describe_global(value, seen) -> str:
+    try:
+        return _describe(value, seen)
+    except _Unstable:  # (a module-level object of another kind: by its type, as Numba's own key does)
+        return f"{type(value).__module__}.{type(value).__qualname__}"
+
+
+def _code_names(code) -> set:
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names |= _code_names(c)
+    return names
+
+
+def _describe_code(code) -> str:
+    import hashlib
+    consts = ",".join(_describe_code(c) if isinstance(c, types.CodeType) else repr(c) for c in code.co_consts)
+    return hashlib.sha256(code.co_code + consts.encode() + " ".join(code.co_names).encode()).hexdigest()
+
+
+def stable_cache_key(kernel):
+    """A kernel made in a factory, with a kernel-cache index key that the next process
+    computes alike, so that it loads the kernel instead of compiling it again.
+
+    Numba-cuda keys a cached kernel by its code and a hash of its closure's values
+    pickled, and a closure that holds device functions (the factories' group minima,
+    PTX helpers, inner functions) pickles differently in every process: the SGM line,
+    census and selection kernels missed the cache in every run and were compiled again
+    (H200: `stereo match` of the sample pair 20 s in a second process, every process).
+    The key here hashes the closure's description (_describe) instead; the rest of the
+    key is Numba-cuda's (signature, target and its version, launch configuration). If
+    the closure holds something _describe does not know, or Numba-cuda's cache looks
+    different, the kernel keeps Numba-cuda's own key."""
+    import hashlib
+    cache = getattr(kernel, "_cache", None)
+    py = getattr(kernel, "py_func", None)
+    if SIM or py is None or not hasattr(cache, "_index_key"):
+        return kernel
+    try:
+        closure = hashlib.sha256(_describe(tuple(c.cell_contents for c in py.__closure__ or ()))
+                                 .encode()).hexdigest()
+    except (_Unstable, AttributeError, ValueError):
+        return kernel
+    try:
+        import numba_cuda
+        version = numba_cuda.__version__
+    except ImportError:  # (Numba's own CUDA target)
+        import numba
+        version = numba.__version__
+    code = hashlib.sha256(py.__code__.co_code).hexdigest()
+
+    def index_key(sig, codegen):
+        key = (sig, codegen.magic_tuple(), version, (code, closure))
+        extra = getattr(cache, "_launch_config_key", None)
+        return key if extra is None else key + (("launch_config", extra),)
+
+    cache._index_key = index_key
+    return kernel

@@ -8,7 +8,7 @@ import numpy as np
 from numba import cuda, float32, int32, uint32, uint64
 
 from ...stages import cost as _cost
-from .common import _REGS, CACHE, OUTSIDE, SIM, _volume_index, byte_perm, device_twins
+from .common import stable_cache_key, _REGS, CACHE, OUTSIDE, SIM, _volume_index, byte_perm, device_twins
 
 cst = device_twins(_cost)  # the stage's shared arithmetic, as device functions
 
@@ -79,7 +79,7 @@ def census_kernel_for(wx, wy, tiled=True):
             if y < img.shape[0] and x < img.shape[1]:
                 out[y, x] = cst.census_at(img, y, x, wx, wy)
     _CENSUS_KERNELS[key] = census_kernel
-    return census_kernel
+    return stable_cache_key(census_kernel)
 
 
 CENSUS8_MAX_ROWS = 9  # window rows census8_kernel_for unrolls (taller windows: the float kernel)
@@ -221,7 +221,7 @@ def census8_kernel_for(wx, wy):
                 if x + m < w:
                     out[y, x + m] = (uint64(hi[m]) << uint64(32)) | uint64(lo[m])
     _CENSUS_KERNELS[key] = census8_kernel
-    return census8_kernel
+    return stable_cache_key(census8_kernel)
 
 
 @cuda.jit(device=True, inline=True)
@@ -445,7 +445,7 @@ def census_volume_px_kernel_for(nbits):
                     vol8[y, x0 + p, c0 + wk] = stage[uint32(p * (PX_CHUNK + 1) + wk)]
             cuda.syncthreads()
     _PX_KERNELS[nbits] = census_volume_px_kernel
-    return census_volume_px_kernel
+    return stable_cache_key(census_volume_px_kernel)
 
 
 @cuda.jit(cache=CACHE)

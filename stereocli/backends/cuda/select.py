@@ -6,7 +6,7 @@ from numba import cuda, float32, int32, uint32, uint64
 
 from ...stages import cost as _cost
 from ...stages import select as _sel
-from .common import (_REGS, CACHE, SGM_LANES, SIM, auto_on_off, group_min_for, min_u16x2_for, warp_min,
+from .common import (stable_cache_key, _REGS, CACHE, SGM_LANES, SIM, auto_on_off, group_min_for, min_u16x2_for, warp_min,
                      device_twins)
 
 cst = device_twins(_cost)  # the stage's shared arithmetic, as device functions
@@ -308,7 +308,7 @@ def _make_select_kernel(vec, HOLD, P, WARPS, ONE, cc):
                 k = rkey[seg1 - i]
                 out_r[y, a + i] = float32(math.nan) if k == NO_KEY else float32((k & KEY_MASK) + min_d)
 
-    return select_kernel
+    return stable_cache_key(select_kernel)
 
 
 _SELECT_KERNELS = {}
