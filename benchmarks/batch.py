@@ -12,7 +12,12 @@ other work hides entirely behind it). A peer line times the plain serial loop a
 user would write with OpenCV StereoSGBM (read, compute, write PNG) on the same pairs
 in the same process (CPU only).
 
-    python benchmarks/batch.py [DATA_DIR] [--pairs 200] [--device cpu|cuda] [-n 64] [--threads N] [--quick]
+The file work runs in threads, as `stereo batch` runs it, or with --io-processes N in
+N worker processes (stereo batch --io-processes). warm_up_s is the first pair's batch:
+kernels loaded (or compiled), worker processes started.
+
+    python benchmarks/batch.py [DATA_DIR] [--pairs 200] [--device cpu|cuda] [-n 64] [--threads N]
+                               [--io-processes N] [--quick]
 """
 import argparse
 import shutil
@@ -37,7 +42,7 @@ def build_tree(data: Path, root: Path, n: int):
         shutil.copyfile(data / scene / "right.png", root / "right" / f"{i:06d}_{scene}.png")
 
 
-def bounds(root: Path, pairs, params, backend, ext: str, threads: int, rate: float):
+def bounds(root: Path, pairs, params, backend, ext: str, threads: int, processes: int, rate: float):
     """The "bounds" line (module docstring): the batch without its matching, and the
     matching without the batch."""
     from stereocli import pipeline
@@ -52,7 +57,7 @@ def bounds(root: Path, pairs, params, backend, ext: str, threads: int, rate: flo
 
     again = batch.find_pairs(root / "left", root / "right", root / "codec_only", ext)
     t = time.perf_counter()
-    s = batch.run(again, params, backend, ext, threads=threads, compute=precomputed)
+    s = batch.run(again, params, backend, ext, threads=threads, processes=processes, compute=precomputed)
     codec = s.done / (time.perf_counter() - t)
     n = min(len(pairs), 400)
     t = time.perf_counter()
@@ -60,7 +65,7 @@ def bounds(root: Path, pairs, params, backend, ext: str, threads: int, rate: flo
         pipeline.run(*images[i % len(images)], params, backend)
     match = n / (time.perf_counter() - t)
     slower = min(codec, match)
-    emit(bench="stereo batch bounds", device=backend.name, threads=threads, pairs_per_s=round(rate, 2),
+    emit(bench="stereo batch bounds", device=backend.name, threads=threads, io_processes=processes, pairs_per_s=round(rate, 2),
          codec_only_pairs_per_s=round(codec, 2), match_only_pairs_per_s=round(match, 2), match_only_pairs=n,
          bound="codec" if codec < match else "matching", overlap=round(rate / slower, 3))
 
@@ -72,6 +77,7 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("-n", "--num-disparities", type=int, default=64)
     ap.add_argument("--threads", type=int, help="reader and writer threads [as stereo batch: one per core, 4 to 16]")
+    ap.add_argument("--io-processes", type=int, default=0, help="worker processes for the file work (0: threads)")
     ap.add_argument("--format", default="png")
     ap.add_argument("--preset", default="default")
     ap.add_argument("--no-peer", action="store_true")
@@ -88,20 +94,23 @@ def main():
         root = Path(tmp)
         build_tree(Path(a.data), root, a.pairs)
         warm = batch.find_pairs(root / "left", root / "right", root / "warm", ext)[:1]
-        batch.run(warm, params, backend, ext, threads=a.threads)  # compile / load the kernel cache
+        t = time.perf_counter()  # compile / load the kernel cache, start the worker processes
+        batch.run(warm, params, backend, ext, threads=a.threads, processes=a.io_processes)
+        warm_s = time.perf_counter() - t
         pairs = batch.find_pairs(root / "left", root / "right", root / "out", ext)
         t = time.perf_counter()
-        s = batch.run(pairs, params, backend, ext, threads=a.threads)
+        s = batch.run(pairs, params, backend, ext, threads=a.threads, processes=a.io_processes)
         wall = time.perf_counter() - t
         io_ms = s.read_ms + s.write_ms
         emit(bench="stereo batch", device=backend.name, describe=backend.describe(), pairs=len(pairs),
              done=s.done, failed=s.failed, num_disparities=a.num_disparities, preset=a.preset, threads=a.threads,
+             io_processes=a.io_processes, warm_up_s=round(warm_s, 3),
              format=a.format, wall_s=round(wall, 3), pairs_per_s=round(s.done / wall, 2),
              read_ms=round(s.read_ms, 1), compute_ms=round(s.compute_ms, 1), write_ms=round(s.write_ms, 1),
              io_share=round(io_ms / (io_ms + s.compute_ms), 3),
              compute_busy=round(s.compute_ms / (wall * 1e3), 3))
         if not a.no_bounds:
-            bounds(root, pairs, params, backend, ext, a.threads, s.done / wall)
+            bounds(root, pairs, params, backend, ext, a.threads, a.io_processes, s.done / wall)
         if a.no_peer:
             return
         sgbm = opencv_sgbm(a.num_disparities)

@@ -11,10 +11,12 @@ Pairing (`find_pairs`)
   `read_pairs_file` takes lines `left<TAB>right[<TAB>output]` instead.
 
 Running (`run`)
-  Decoding runs in reader threads a few pairs ahead, encoding/writing (and the
-  ground-truth evaluation) in writer threads, while the calling thread runs the
-  matcher (CPU or GPU) on one pair after another; the backend, and so the compiled
-  kernels, are shared by all pairs. Every pair ends as one event (a dict) passed to
+  Decoding runs a few pairs ahead, encoding/writing (and the ground-truth evaluation)
+  behind, while the calling thread runs the matcher (CPU or GPU) on one pair after
+  another; the backend, and so the compiled kernels, are shared by all pairs. The
+  file work runs in reader and writer threads, or with `processes` in worker
+  processes (codecs.Workers: a GPU batch of small pairs is bound by it, and threads
+  share this process's interpreter lock with the matching). Every pair ends as one event (a dict) passed to
   `on_event`: status ok / failed / skipped, paths, per-stage ms, metrics.
 """
 from __future__ import annotations
@@ -33,6 +35,8 @@ from pathlib import Path, PurePosixPath
 import cv2
 
 from . import io, metrics, pipeline
+from . import codecs
+from .codecs import load_pair, save_result  # noqa: F401  (also this module's API)
 from .errors import StereoError, raise_interrupt
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".pgm", ".ppm", ".pnm", ".webp"}
@@ -371,39 +375,6 @@ def collect_pairs(folders, out_dir, ext: str, *, pairs_file=None, sbs=False, lef
 
 # ----------------------------------------------------------------------------- running
 
-def load_pair(pair: Pair):
-    """Decode one pair (in a reader thread) -> (left, right, ms)."""
-    t = time.perf_counter()
-    left = io.read_image(pair.left)
-    if pair.right is None:
-        left, right = io.split_side_by_side(left, pair.left)
-    else:
-        right = io.read_image(pair.right)
-    return left, right, (time.perf_counter() - t) * 1e3
-
-
-def save_result(pair: Pair, disp, ext: str, max_disparity=None, seconds: float = 0.0, left=None,
-                confidence=None):
-    """Encode and write one map (in a writer thread), evaluate it if it has ground truth;
-    `seconds` (the match's time) goes to the pair's time file if it has one, and the
-    pair's extras (preview, depth, point cloud of the `left` image, `confidence` map,
-    error picture) are written too."""
-    t = time.perf_counter()
-    io.write_file(pair.output, io.encode_disparity(disp, ext))
-    if pair.time_file:
-        io.write_file(pair.time_file, f"{seconds:.4f}\n".encode())
-    if pair.extras:
-        _write_extras(pair, disp, left, confidence)
-    write_ms = (time.perf_counter() - t) * 1e3
-    counts = None
-    if pair.gt is not None:
-        gt = io.read_disparity(pair.gt)
-        counts = metrics.counts(disp, gt, max_disparity=max_disparity)
-        if pair.extras and pair.extras["error_map"]:
-            io.write_image(pair.extras["error_map"], metrics.error_image(disp, gt))
-    return write_ms, counts
-
-
 EXTRA_DIRS = ("preview_dir", "depth_dir", "ply_dir", "confidence_dir", "error_map_dir")
 
 
@@ -422,26 +393,6 @@ def with_extras(pairs, *, preview_dir=None, depth_dir=None, ply_dir=None, confid
                     "confidence": io.join(confidence_dir, name + ".pfm") if confidence_dir else None,
                     "error_map": io.join(error_map_dir, name + ".png") if error_map_dir else None}
         yield p
-
-
-def _write_extras(pair: Pair, disp, left, confidence=None) -> None:
-    from . import geometry
-    x = pair.extras
-    if x["confidence"]:
-        io.write_file(x["confidence"], io.encode_disparity(confidence, ".pfm"))
-    if x["preview"]:
-        io.write_preview(x["preview"], disp, *x["range"])
-    if x["depth"] or x["ply"]:
-        focal, baseline, doffs, calib = x["camera"]
-        if calib and not os.path.isabs(calib) and not os.path.exists(calib):  # a name: beside the left image
-            calib = os.path.join(os.path.dirname(pair.left), calib)
-        cam = geometry.camera(focal, baseline, doffs, calib)
-        if cam is None:
-            raise StereoError("--depth-dir and --ply-dir need --focal and --baseline, or --calib")
-        if x["depth"]:
-            io.write_disparity(x["depth"], geometry.depth(disp, cam))
-        if x["ply"]:
-            io.write_file(x["ply"], geometry.encode_ply(geometry.point_cloud(disp, left, cam)))
 
 
 def ok_event(pair: Pair, result, read_ms: float) -> dict:
@@ -501,9 +452,11 @@ def _release_codec_threads() -> None:
             cv2.setNumThreads(_cv2_holds[1])
 
 
-def run(pairs, params, backend, ext: str, *, threads: int = 4, skip_existing: bool = False,
+def run(pairs, params, backend, ext: str, *, threads: int = 4, processes: int = 0, skip_existing: bool = False,
         on_event=None, max_disparity=None, summary: Summary | None = None, compute=None) -> Summary:
     """Match every pair; one bad pair is reported (event status "failed") and skipped.
+    The pairs are read and written by `threads` reader and writer threads, or with
+    `processes` > 0 by that many worker processes (codecs.Workers, kept for later runs).
     `compute(fn, *args, **kw)` runs each match (default: in this thread); a Dask worker
     running chunks side by side hands every match to its one device thread.
     `pairs` may be a list or a stream (e.g. lines of standard input): each pair starts
@@ -514,9 +467,12 @@ def run(pairs, params, backend, ext: str, *, threads: int = 4, skip_existing: bo
     summary = summary if summary is not None else Summary()
     report = summary.reporter(on_event)
     start = time.perf_counter()
-    lookahead = max(2, 2 * threads)
-    readers = ThreadPoolExecutor(threads, thread_name_prefix="stereo-read")
-    writers = ThreadPoolExecutor(threads, thread_name_prefix="stereo-write")
+    workers = codecs.Workers.get(processes) if processes > 0 else None
+    lookahead = max(2, 2 * threads) if workers is None else processes + 2
+    readers = writers = None
+    if workers is None:
+        readers = ThreadPoolExecutor(threads, thread_name_prefix="stereo-read")
+        writers = ThreadPoolExecutor(threads, thread_name_prefix="stereo-write")
     reads: queue.Queue = queue.Queue(maxsize=lookahead)  # (pair, read future or None), in order; END last
     writes: deque = deque()  # (pair, future, event)
     stop = threading.Event()
@@ -529,8 +485,12 @@ def run(pairs, params, backend, ext: str, *, threads: int = 4, skip_existing: bo
                     break
                 if p.error is None and skip_existing and io.exists(p.output):
                     reads.put((p, "skipped"))
+                elif p.error:
+                    reads.put((p, None))
                 else:
-                    reads.put((p, None if p.error else readers.submit(load_pair, p)))
+                    reads.put((p, readers.submit(load_pair, p) if workers is None else workers.read(p, stop)))
+        except codecs.Stopped:
+            pass
         except BaseException as e:  # a broken source ends the batch with its error
             reads.put((None, e))
         reads.put(_END)
@@ -555,7 +515,7 @@ def run(pairs, params, backend, ext: str, *, threads: int = 4, skip_existing: bo
                 finish(block=False)
 
     feeder = threading.Thread(target=feed, name="stereo-feed", daemon=True)
-    held = _hold_codec_threads(threads)  # (before the first read)
+    held = workers is None and _hold_codec_threads(threads)  # (before the first read)
     feeder.start()
     try:
         while True:
@@ -571,17 +531,23 @@ def run(pairs, params, backend, ext: str, *, threads: int = 4, skip_existing: bo
             if p.error:
                 report(failed_event(p, p.error))
                 continue
+            done_with_images = getattr(fut, "release", None)  # (a worker's slot: free it for the next pair)
             try:
                 left, right, read_ms = fut.result()
                 result = (compute or _here)(pipeline.run, left, right, params, backend,
                                             confidence=p.wants_confidence)
+                ev = ok_event(p, result, read_ms)
+                save = writers.submit if workers is None else _worker_write(workers)
+                writing = save(save_result, p, result.disparity, ext, max_disparity, result.total_ms / 1e3,
+                               left, result.confidence)
             except Exception as e:
                 raise_interrupt(e)
                 report(failed_event(p, error_text(e)))
                 continue
-            ev = ok_event(p, result, read_ms)
-            writes.append((p, writers.submit(save_result, p, result.disparity, ext, max_disparity,
-                                             result.total_ms / 1e3, left, result.confidence), ev))
+            finally:
+                if done_with_images is not None:
+                    done_with_images()
+            writes.append((p, writing, ev))
             finish(block=False)
         finish(block=True)
     except KeyboardInterrupt:
@@ -597,8 +563,9 @@ def run(pairs, params, backend, ext: str, *, threads: int = 4, skip_existing: bo
         finish(block=True)  # let the writes in flight complete: no half-written outputs
         raise
     finally:
-        readers.shutdown(wait=False, cancel_futures=True)
-        writers.shutdown(wait=True)
+        if workers is None:
+            readers.shutdown(wait=False, cancel_futures=True)
+            writers.shutdown(wait=True)
         if held:
             _release_codec_threads()
         summary.seconds = time.perf_counter() - start
@@ -606,6 +573,10 @@ def run(pairs, params, backend, ext: str, *, threads: int = 4, skip_existing: bo
 
 
 _END = object()
+
+
+def _worker_write(workers):
+    return lambda _fn, *args: workers.write(*args)
 
 
 def _here(fn, *args, **kw):

@@ -117,6 +117,34 @@ def test_corrupt_pair_in_the_middle_is_skipped_and_reported(tmp_path, crops):
     assert "cannot decode" in r.stderr and "no right image" in r.stderr
 
 
+def test_io_processes_write_the_same_maps_report_a_bad_pair_and_leave_no_slot_files(tmp_path, crops):
+    """--io-processes N decodes and encodes in worker processes (a GPU batch's default):
+    the same maps and the same events as threads, pairs larger than a worker's first
+    slot included, a corrupt pair reported, and the shared slot files gone at the end."""
+    kitti_tree(tmp_path / "k", crops, corrupt=1)
+    big = [cv2.resize(pair, (1200, 800)) for pair in crops[2]]  # (2.9 MB a pair: more than a first slot)
+    cv2.imwrite(str(tmp_path / "k/image_2/000003_10.png"), big[0])
+    cv2.imwrite(str(tmp_path / "k/image_3/000003_10.png"), big[1])
+    runs = {}
+    for procs in (0, 2):
+        r = stereo("batch", tmp_path / "k/image_2", tmp_path / "k/image_3", "-o", tmp_path / f"out{procs}",
+                   "--left-glob", "*_10.png", "--jsonl", "--io-processes", procs, *N)
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        events = [json.loads(x) for x in r.stdout.splitlines()]
+        runs[procs] = sorted((Path(e["left"]).name, e["status"]) for e in events[:-1])  # (a failure comes at once)
+        assert "cannot decode" in r.stderr
+    assert runs[2] == runs[0] == [("000000_10.png", "ok"), ("000001_10.png", "failed"), ("000002_10.png", "ok"),
+                                  ("000003_10.png", "ok")]
+    for name in ("000000_10.png", "000002_10.png", "000003_10.png"):
+        assert (tmp_path / "out2" / name).read_bytes() == (tmp_path / "out0" / name).read_bytes()
+    assert same_map(io.read_disparity(tmp_path / "out2/000002_10.png"), expected(*crops[2]), PNG_TOL)
+    import os
+    import tempfile
+    left = [n for d in ("/dev/shm", tempfile.gettempdir()) if os.path.isdir(d) for n in os.listdir(d)
+            if n.startswith("stereocli-slot-")]
+    assert left == []
+
+
 def test_skip_existing_resumes(tmp_path, crops):
     kitti_tree(tmp_path / "k", crops)
     args = ("batch", tmp_path / "k/image_2", tmp_path / "k/image_3", "-o", tmp_path / "out",

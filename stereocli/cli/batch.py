@@ -49,6 +49,9 @@ from .common import FORMATS, params_from, print_metrics, say_if_compiling, stage
 @click.option("--threads", type=click.IntRange(1, 64),
               help="Reader and writer threads (decoding/encoding overlap the matching) [one per CPU core, "
                    "4 to 16]; with --scheduler, per worker [4].")
+@click.option("--io-processes", type=click.IntRange(0, 256), default=0, show_default=True,
+              help="Decode and encode in N worker processes instead of --threads threads (0). On 16 cores "
+                   "they decoded and encoded faster, but the whole GPU batch was no faster.")
 @click.option("--skip-existing", is_flag=True, help="Skip pairs whose output exists (resume a run).")
 @click.option("--gt-dir", type=click.Path(file_okay=False),
               help="Ground-truth folder: evaluate each map as it is written, print the total at the end.")
@@ -65,7 +68,7 @@ from .common import FORMATS, params_from, print_metrics, say_if_compiling, stage
               help="With --scheduler local: worker processes [one per GPU with CUDA, else 2]; more than the "
                    "GPUs puts several on each GPU.")
 def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, submission, method_name, preview_dir,
-          depth_dir, ply_dir, confidence_dir, error_map_dir, focal, baseline, doffs, calib, threads, skip_existing,
+          depth_dir, ply_dir, confidence_dir, error_map_dir, focal, baseline, doffs, calib, threads, io_processes, skip_existing,
           gt_dir, gt_glob, max_disparity, jsonl, progress, scheduler, workers, **kw):
     """Match every pair of two folders (or of a list) and write one map per pair.
 
@@ -99,6 +102,8 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, submiss
     from ..backends import get_backend
 
     params = params_from(kw)
+    if io_processes and scheduler:
+        raise click.UsageError("--io-processes is for a batch in this process; a cluster's workers use --threads")
     if workers and scheduler != "local":
         raise click.UsageError("--workers goes with --scheduler local (a remote cluster has its own workers)")
     if scheduler:
@@ -161,8 +166,8 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, submiss
                             skip_existing=skip_existing, on_event=on_event, max_disparity=max_disparity,
                             summary=summary, warn=warn)
             else:
-                B.run(pairs, params, backend, ext, threads=threads or B.default_threads(), skip_existing=skip_existing,
-                      on_event=on_event, max_disparity=max_disparity, summary=summary)
+                B.run(pairs, params, backend, ext, threads=threads or B.default_threads(), processes=io_processes,
+                      skip_existing=skip_existing, on_event=on_event, max_disparity=max_disparity, summary=summary)
         except KeyboardInterrupt:
             code = 130
     if stream and summary.total == 0 and not code:
