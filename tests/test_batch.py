@@ -206,7 +206,8 @@ def test_a_slow_producer_streams_each_pairs_line_out_as_soon_as_its_map_is_writt
         p.kill()
 
 
-def test_ctrl_c_stops_cleanly_and_resume_finishes(tmp_path):
+@pytest.mark.parametrize("io_processes", [0, 2])
+def test_ctrl_c_stops_cleanly_and_resume_finishes(tmp_path, io_processes):
     left, right = cv2.imread(str(SAMPLE / "left.png")), cv2.imread(str(SAMPLE / "right.png"))
     (tmp_path / "L").mkdir()
     (tmp_path / "R").mkdir()
@@ -215,7 +216,7 @@ def test_ctrl_c_stops_cleanly_and_resume_finishes(tmp_path):
         cv2.imwrite(str(tmp_path / f"R/{i:03d}.png"), right)
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "stereocli.cli", "batch", str(tmp_path / "L"), str(tmp_path / "R"), "-o", str(out),
-           "-n", "16", "--device", "cpu"]
+           "-n", "16", "--device", "cpu", "--io-processes", str(io_processes)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and not (out.is_dir() and len(list(out.glob("*.png"))) >= 3):
