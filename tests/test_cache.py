@@ -103,3 +103,19 @@ def test_factory_made_gpu_kernels_have_the_same_cache_key_in_every_process():
         pytest.skip("this Numba has no CUDA kernel cache")
     assert keys(2) == first
     assert keys(1) != first
+
+
+def test_a_kernel_closure_description_changes_with_every_value_it_holds():
+    """The cache key of a factory-made kernel (stable_cache_key) must differ whenever
+    the kernel would compile differently: another closure value or default argument
+    gives another description (else a process could load a kernel made for other
+    arguments), the same ones give the same."""
+    from stereocli.backends.cuda.common import _describe
+
+    def make(k, d):
+        def f(x, y=d):
+            return x + k + y
+        return f
+
+    assert _describe(make(1, 2)) == _describe(make(1, 2))
+    assert len({_describe(make(1, 2)), _describe(make(1, 3)), _describe(make(2, 2))}) == 3

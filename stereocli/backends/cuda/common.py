@@ -361,7 +361,8 @@ def _describe(obj, seen=None) -> str:
         cells = [c.cell_contents for c in obj.__closure__ or ()]
         names = {n: obj.__globals__[n] for n in _code_names(code) if n in obj.__globals__}
         return (f"fn {obj.__module__}.{obj.__qualname__} {_describe_code(code)} "
-                f"cells {_describe(tuple(cells), seen)} "
+                f"cells {_describe(tuple(cells), seen)} defaults {_describe(obj.__defaults__, seen)} "
+                f"{_describe(tuple(sorted((obj.__kwdefaults__ or {}).items())), seen)} "
                 f"globals {','.join(f'{n}={_describe_global(v, seen)}' for n, v in sorted(names.items()))}")
     if hasattr(obj, "py_func") and hasattr(obj, "targetoptions"):  # a dispatcher (a device function)
         return f"jit {sorted((k, repr(v)) for k, v in obj.targetoptions.items())} {_describe(obj.py_func, seen)}"
