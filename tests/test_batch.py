@@ -359,6 +359,45 @@ def test_batch_writes_previews_depth_and_clouds_with_a_calibration_per_scene(tmp
     assert r.returncode == 2 and "--focal" in r.stderr  # no camera: refused before any work
 
 
+def test_io_processes_write_every_extra_file_as_threads_do(tmp_path, crops):
+    """With the file work in worker processes, every file a batch writes beside its maps
+    (previews, depth, point clouds from each scene's calibration, confidence maps, error
+    pictures against ground truth, Middlebury time files) and the metrics it prints are
+    those of a batch in threads; side-by-side frames too."""
+    for i, (l_img, r_img) in enumerate(crops):
+        scene = tmp_path / f"mb/scene{i}"
+        scene.mkdir(parents=True)
+        cv2.imwrite(str(scene / "im0.png"), l_img)
+        cv2.imwrite(str(scene / "im1.png"), r_img)
+        (scene / "calib.txt").write_text(f"cam0=[{100 + i} 0 48; 0 {100 + i} 32; 0 0 1]\n"
+                                         f"cam1=[{100 + i} 0 48; 0 {100 + i} 32; 0 0 1]\ndoffs=0\nbaseline=50\n")
+        (tmp_path / "gt").mkdir(exist_ok=True)
+        io.write_disparity(tmp_path / f"gt/scene{i}.pfm", expected(l_img, r_img) + 0.5)
+        (tmp_path / "sbs").mkdir(exist_ok=True)
+        cv2.imwrite(str(tmp_path / f"sbs/f{i}.png"), np.hstack([l_img, r_img]))
+    outputs, summaries = {}, {}
+    for procs in (0, 2):
+        run = tmp_path / f"run{procs}"
+        r = stereo("batch", tmp_path / "mb", tmp_path / "mb", "-o", run / "out", "--left-glob", "*/im0.png",
+                   "--right-glob", "*/im1.png", "--calib", "calib.txt", "--depth-dir", run / "depth",
+                   "--ply-dir", run / "ply", "--preview-dir", run / "prev", "--confidence-dir", run / "conf",
+                   "--gt-dir", tmp_path / "gt", "--error-map-dir", run / "err", "--io-processes", procs, *N)
+        assert r.returncode == 0, r.stderr
+        summaries[procs] = [line for line in r.stderr.splitlines() if "bad" in line or "density" in line]
+        r = stereo("batch", tmp_path / "mb", tmp_path / "mb", "-o", run / "sub", "--left-glob", "*/im0.png",
+                   "--right-glob", "*/im1.png", "--submission", "middlebury", "--io-processes", procs, *N)
+        assert r.returncode == 0, r.stderr
+        r = stereo("batch", tmp_path / "sbs", "--sbs", "-o", run / "sbs", "--io-processes", procs, *N)
+        assert r.returncode == 0, r.stderr
+        outputs[procs] = {p.relative_to(run).as_posix(): p.read_bytes() for p in sorted(run.rglob("*"))
+                          if p.is_file() and not p.name.startswith("time")}
+    assert len(outputs[0]) == 3 * 6 + 3 + 3  # maps, depth, ply, previews, confidence, errors; submission; sbs
+    assert outputs[2] == outputs[0]
+    assert summaries[2] == summaries[0] and summaries[0]
+    times = sorted((tmp_path / "run2/sub").rglob("time*.txt"))
+    assert len(times) == 3 and all(float(t.read_text()) > 0 for t in times)
+
+
 def test_batches_at_once_hold_opencv_at_one_thread_and_give_the_callers_setting_back(tmp_path, crops):
     """batch.run keeps OpenCV's own pool at one thread while its reader and writer threads
     run; a Dask worker runs several batches at once, and the caller's setting must come
