@@ -1,8 +1,11 @@
 """Whole-process times, as a user running one command per pair sees them: `stereo match`
 of the Tsukuba pair (warm kernel cache), in-process (--no-worker) and through the
 background worker, against a 4-line OpenCV script run in the same loop (runs
-interleaved, median of N). With --scan, a disparity-count scan in a fresh kernel cache
-(in-process): the time of each process and so what each new count costs to compile.
+interleaved, median of N). A "kernel cache" line says how many kernels the timed runs
+compiled: with a warm cache none, unless some kernel misses the cache in every process
+(as three GPU kernels did until the forty-third session, 20 s a run on the H200). With
+--scan, a disparity-count scan in a fresh kernel cache (in-process): the time of each
+process and so what each new count costs to compile.
 
     python benchmarks/startup.py [--runs 5] [--devices cpu,cuda] [--scan 64,96,128,192,256] [--quick]
 """
@@ -70,9 +73,13 @@ def main():
                                                                          "--no-worker")
             runs[f"stereo match --device {device} (worker)"] = stereo("-o", out, "-n", "16", "--device", device)
         times = {what: [] for what in runs}
+        from stereocli import cache
+        kernels = cache.kernel_count()
         for _ in range(a.runs):
             for what, cmd in runs.items():
                 times[what].append(timed(cmd, env))
+        emit(bench="kernel cache", folder=cache.DIR, kernels=cache.kernel_count(),
+             compiled_during_timed_runs=cache.kernel_count() - kernels)
         subprocess.run([sys.executable, "-m", "stereocli.cli", "info", "--stop-worker"], env=env,
                        capture_output=True)
         base = statistics.median(times["opencv script"])

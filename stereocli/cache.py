@@ -119,6 +119,12 @@ def _our_files():
                     yield os.path.join(root, n)
 
 
+def kernel_count() -> int:
+    """Compiled kernels (Numba's data files) of stereocli's in DIR: a process that adds
+    some compiled them, one that adds none found every kernel in the cache."""
+    return sum(1 for f in _our_files() if f.endswith(".nbc"))
+
+
 def clear() -> int:
     """Delete stereocli's compiled kernels from DIR (nothing else there) -> files deleted."""
     n = 0
