@@ -6,9 +6,9 @@ one warm-up pair (kernel compile/cache load excluded). A "bounds" line says what
 bounds that rate, from two runs in the same process: the same batch with the
 matching taken out (each pair's map is a precomputed one of its size, so only the
 reads, encodes and writes remain: codec_only_pairs_per_s) and the matching alone,
-one pair after another on images already decoded (match_only_pairs_per_s); `bound`
-is the slower of the two and `overlap` the batch's rate over that one's (1.0: the
-other work hides entirely behind it). A peer line times the plain serial loop a
+one pair after another on images already decoded and made grey, as the readers hand
+them on (match_only_pairs_per_s); `bound` is the slower of the two and `overlap` the
+batch's rate over that one's (1.0: the other work hides entirely behind it). A peer line times the plain serial loop a
 user would write with OpenCV StereoSGBM (read, compute, write PNG) on the same pairs
 in the same process (CPU only).
 
@@ -48,12 +48,12 @@ def bounds(root: Path, pairs, params, backend, ext: str, threads: int, processes
     from stereocli import pipeline
     images, maps = [], {}
     for p in pairs[:len(SCENES)]:
-        left, right, _ = batch.load_pair(p)
-        images.append((left, right))
-        maps[left.shape] = pipeline.run(left, right, params, backend)
+        inp, _ = batch.load_prepared(p)  # (decoded and made grey, as the batch's readers hand pairs on)
+        images.append(inp)
+        maps[inp.shape] = pipeline.run_prepared(inp, params, backend)
 
-    def precomputed(fn, left, right, *args, **kw):
-        return maps[left.shape]
+    def precomputed(fn, inp, *args, **kw):
+        return maps[inp.shape]
 
     again = batch.find_pairs(root / "left", root / "right", root / "codec_only", ext)
     t = time.perf_counter()
@@ -62,7 +62,7 @@ def bounds(root: Path, pairs, params, backend, ext: str, threads: int, processes
     n = min(len(pairs), 400)
     t = time.perf_counter()
     for i in range(n):
-        pipeline.run(*images[i % len(images)], params, backend)
+        pipeline.run_prepared(images[i % len(images)], params, backend)
     match = n / (time.perf_counter() - t)
     slower = min(codec, match)
     emit(bench="stereo batch bounds", device=backend.name, threads=threads, io_processes=processes, pairs_per_s=round(rate, 2),

@@ -11,12 +11,13 @@ Pairing (`find_pairs`)
   `read_pairs_file` takes lines `left<TAB>right[<TAB>output]` instead.
 
 Running (`run`)
-  Decoding runs a few pairs ahead, encoding/writing (and the ground-truth evaluation)
-  behind, while the calling thread runs the matcher (CPU or GPU) on one pair after
-  another; the backend, and so the compiled kernels, are shared by all pairs. The
-  file work runs in reader and writer threads, or with `processes` in worker
-  processes (codecs.Workers: a GPU batch of small pairs is bound by it, and threads
-  share this process's interpreter lock with the matching). Every pair ends as one event (a dict) passed to
+  Decoding (and the grey conversion: codecs.load_prepared) runs a few pairs ahead,
+  encoding/writing (and the ground-truth evaluation) behind, while the calling thread
+  runs the matcher (CPU or GPU) on one pair after another; the backend, and so the
+  compiled kernels, are shared by all pairs. The file work runs in reader and writer
+  threads, or with `processes` in worker processes (codecs.Workers: a GPU batch of
+  small pairs is bound by it, and threads share this process's interpreter lock with
+  the matching). Every pair ends as one event (a dict) passed to
   `on_event`: status ok / failed / skipped, paths, per-stage ms, metrics.
 """
 from __future__ import annotations
@@ -36,7 +37,7 @@ import cv2
 
 from . import io, metrics, pipeline
 from . import codecs
-from .codecs import load_pair, save_result  # noqa: F401  (also this module's API)
+from .codecs import load_pair, load_prepared, save_result  # noqa: F401  (also this module's API)
 from .errors import StereoError, raise_interrupt
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".pgm", ".ppm", ".pnm", ".webp"}
@@ -468,6 +469,9 @@ def run(pairs, params, backend, ext: str, *, threads: int = 4, processes: int = 
     report = summary.reporter(on_event)
     start = time.perf_counter()
     workers = codecs.Workers.get(processes) if processes > 0 else None
+    if workers is not None:  # (the GPU then uploads a pair from its read slot and downloads its map into a write slot)
+        workers.reads.set_pin(backend.pin_host)
+        workers.writes.set_pin(backend.pin_host)
     lookahead = max(2, 2 * threads) if workers is None else processes + 2
     readers = writers = None
     if workers is None:
@@ -488,7 +492,7 @@ def run(pairs, params, backend, ext: str, *, threads: int = 4, processes: int = 
                 elif p.error:
                     reads.put((p, None))
                 else:
-                    reads.put((p, readers.submit(load_pair, p) if workers is None else workers.read(p, stop)))
+                    reads.put((p, readers.submit(load_prepared, p) if workers is None else workers.read(p, stop)))
         except codecs.Stopped:
             pass
         except BaseException as e:  # a broken source ends the batch with its error
@@ -532,14 +536,17 @@ def run(pairs, params, backend, ext: str, *, threads: int = 4, processes: int = 
                 report(failed_event(p, p.error))
                 continue
             done_with_images = getattr(fut, "release", None)  # (a worker's slot: free it for the next pair)
+            out = None  # (with workers: a write slot that the map goes straight into)
             try:
-                left, right, read_ms = fut.result()
-                result = (compute or _here)(pipeline.run, left, right, params, backend,
-                                            confidence=p.wants_confidence)
+                inp, read_ms = fut.result()  # (decoded and made grey by the reader)
+                out = workers.map_buffer(inp.shape) if workers is not None else None
+                result = (compute or _here)(pipeline.run_prepared, inp, params, backend,
+                                            confidence=p.wants_confidence, out=None if out is None else out[1])
                 ev = ok_event(p, result, read_ms)
-                save = writers.submit if workers is None else _worker_write(workers)
+                slot, out = (None if out is None else out[0]), None  # (the write's from here: it gives it back if it fails)
+                save = writers.submit if workers is None else _worker_write(workers, slot)
                 writing = save(save_result, p, result.disparity, ext, max_disparity, result.total_ms / 1e3,
-                               left, result.confidence)
+                               inp.left, result.confidence)
             except Exception as e:
                 raise_interrupt(e)
                 report(failed_event(p, error_text(e)))
@@ -547,6 +554,8 @@ def run(pairs, params, backend, ext: str, *, threads: int = 4, processes: int = 
             finally:
                 if done_with_images is not None:
                     done_with_images()
+                if out is not None:
+                    workers.writes.give(out[0])
             writes.append((p, writing, ev))
             finish(block=False)
         finish(block=True)
@@ -575,8 +584,8 @@ def run(pairs, params, backend, ext: str, *, threads: int = 4, processes: int = 
 _END = object()
 
 
-def _worker_write(workers):
-    return lambda _fn, *args: workers.write(*args)
+def _worker_write(workers, slot=None):
+    return lambda _fn, *args: workers.write(*args, slot=slot)
 
 
 def _here(fn, *args, **kw):

@@ -55,6 +55,14 @@ def load_pair(pair):
     return left, right, (time.perf_counter() - t) * 1e3
 
 
+def load_prepared(pair):
+    """Decode one pair and make it ready to match (io.prepare_pair: grey images) ->
+    (io.PairInput, ms): a batch's readers do this, not its matching thread."""
+    t = time.perf_counter()
+    left, right, _ = load_pair(pair)
+    return io.prepare_pair(left, right), (time.perf_counter() - t) * 1e3
+
+
 def save_result(pair, disp, ext: str, max_disparity=None, seconds: float = 0.0, left=None, confidence=None):
     """Encode and write one map, evaluate it if it has ground truth -> (write ms, metric
     counts or None); `seconds` (the match's time) goes to the pair's time file if it has
@@ -118,8 +126,28 @@ class _Slots:
         self.maps: dict[int, tuple[str, mmap.mmap]] = {}
         self.made = 0
         self.lock = threading.Lock()  # (the feeding thread and the matching thread both fit slots)
+        self.pin = None  # pin(mmap) -> unpin function or None (set_pin)
+        self.unpins: dict[int, object] = {}  # slot -> its unpin function
         for i in range(count):
             self.free.put(i)
+
+    def set_pin(self, pin) -> None:
+        """Page-lock every slot, now and as made, with pin(mmap) -> unpin or None (the
+        GPU backend's pin_host: a graph then uploads a pair from its slot, no copy)."""
+        with self.lock:
+            if pin == self.pin:  # (a bound method is a new object at each look-up, and equal)
+                return
+            for i in list(self.unpins):
+                self.unpins.pop(i)()
+            self.pin = pin
+            if pin is not None:
+                for i, (_, m) in self.maps.items():
+                    self._pin(i, m)
+
+    def _pin(self, i: int, m: mmap.mmap) -> None:
+        unpin = self.pin(m)
+        if unpin is not None:
+            self.unpins[i] = unpin
 
     def take(self, stop: threading.Event | None = None) -> int:
         while True:
@@ -145,6 +173,8 @@ class _Slots:
                 return None
             self._drop(i)
             self.maps[i] = made
+            if self.pin is not None:
+                self._pin(i, made[1])
             return made[0]
 
     def array(self, i: int, shape, dtype, offset: int = 0) -> np.ndarray:
@@ -174,6 +204,9 @@ class _Slots:
         return None
 
     def _drop(self, i: int) -> None:
+        unpin = self.unpins.pop(i, None)
+        if unpin is not None:
+            unpin()
         old = self.maps.pop(i, None)
         if old is not None:
             try:
@@ -255,16 +288,22 @@ def _init_worker() -> None:
         pass
 
 
+_SHIPPED = ("grey_left", "grey_right", "left")  # a PairInput's arrays that cross in a read slot
+
+
 def _read_task(pair, path, room):
-    """In a worker: decode the pair into the slot file `path` (`room` bytes) ->
-    (ms, [(shape, dtype str, offset)] when in the slot, else the two arrays)."""
-    left, right, ms = load_pair(pair)
-    if path is None or left.nbytes + right.nbytes > room:
-        return ms, (np.ascontiguousarray(left), np.ascontiguousarray(right))
-    out, offset = [], 0
-    for a in (left, right):
+    """In a worker: decode and prepare the pair (load_prepared) into the slot file `path`
+    (`room` bytes) -> (ms, {field: (shape, dtype str, offset)} when in the slot, else the
+    PairInput itself, pickled). The left image crosses only where it is not the grey
+    one (an 8-bit grey left image is)."""
+    inp, ms = load_prepared(pair)
+    arrays = [(k, getattr(inp, k)) for k in _SHIPPED if not (k == "left" and inp.left is inp.grey_left)]
+    if path is None or sum(a.nbytes for _, a in arrays) > room:
+        return ms, inp
+    out, offset = {"bad_left": inp.bad_left, "bad_right": inp.bad_right}, 0
+    for k, a in arrays:
         _view(path, a.shape, a.dtype, offset)[...] = a
-        out.append((a.shape, a.dtype.str, offset))
+        out[k] = (a.shape, a.dtype.str, offset)
         offset += a.nbytes
     return ms, out
 
@@ -277,7 +316,7 @@ def _write_task(pair, disp, ext, max_disparity, seconds, left, confidence):
 
 
 class Read:
-    """A pair being read by a worker: result() -> (left, right, ms), the images as views
+    """A pair being read by a worker: result() -> (io.PairInput, ms), its images views
     of a slot until release()."""
 
     def __init__(self, workers, future, slot):
@@ -289,11 +328,13 @@ class Read:
         except BaseException:
             self.release()
             raise
-        if isinstance(got, tuple):  # (did not fit: the slot is made larger for the next pair)
-            self._workers.reads.fit(self._slot, got[0].nbytes + got[1].nbytes)
-            return got[0], got[1], ms
-        views = [self._workers.reads.array(self._slot, shape, np.dtype(dt), off) for shape, dt, off in got]
-        return views[0], views[1], ms
+        if isinstance(got, io.PairInput):  # (did not fit: the slot is made larger for the next pair)
+            self._workers.reads.fit(self._slot, sum(a.nbytes for a in (got.grey_left, got.grey_right, got.left)))
+            return got, ms
+        views = {k: self._workers.reads.array(self._slot, shape, np.dtype(dt), off)
+                 for k, (shape, dt, off) in ((k, got[k]) for k in _SHIPPED if k in got)}
+        left = views.get("left", views["grey_left"])
+        return io.PairInput(left, views["grey_left"], views["grey_right"], got["bad_left"], got["bad_right"]), ms
 
     def cancel(self) -> bool:
         return self._future.cancel()
@@ -350,7 +391,8 @@ class Workers:
             return self._pool.submit(fn, *args)
 
     def read(self, pair, stop: threading.Event | None = None) -> Read:
-        """Start decoding `pair` (waits for a free slot; raises Stopped when `stop` is set)."""
+        """Start decoding and preparing `pair` (waits for a free slot; raises Stopped
+        when `stop` is set)."""
         slot = self.reads.take(stop)
         try:
             path = self.reads.fit(slot, 0)
@@ -360,16 +402,33 @@ class Workers:
             self.reads.give(slot)
             raise
 
-    def write(self, pair, disp: np.ndarray, ext: str, max_disparity=None, seconds: float = 0.0, left=None,
-              confidence=None) -> Future:
-        """Start encoding and writing `disp` (copied into a slot here) -> Future of
-        save_result's (ms, counts). `left` and `confidence` (only for extras) are copied."""
+    def map_buffer(self, shape) -> tuple[int, np.ndarray] | None:
+        """(slot, float32 array of `shape` in it): a write slot taken for the next map, for
+        the match to put it straight there (pipeline.run_prepared's `out`; page-locked
+        like the read slots where the backend can) and `write(..., slot=)` to hand it on
+        without a copy; None where no folder has the room. Give it back with
+        `writes.give(slot)` if it is not written."""
         slot = self.writes.take()
+        path = self.writes.fit(slot, int(np.prod(shape)) * 4)
+        if path is None:
+            self.writes.give(slot)
+            return None
+        return slot, self.writes.array(slot, shape, np.float32)
+
+    def write(self, pair, disp: np.ndarray, ext: str, max_disparity=None, seconds: float = 0.0, left=None,
+              confidence=None, slot: int | None = None) -> Future:
+        """Start encoding and writing `disp` -> Future of save_result's (ms, counts).
+        `disp` is in write slot `slot` (map_buffer), or is copied into a free one here.
+        `left` and `confidence` (only for extras) are copied."""
+        if slot is None:
+            slot = self.writes.take()
         try:
             disp = np.asarray(disp, np.float32)
             path = self.writes.fit(slot, disp.nbytes)
             if path is not None:
-                np.copyto(self.writes.array(slot, disp.shape, np.float32), disp)
+                into = self.writes.array(slot, disp.shape, np.float32)
+                if into.ctypes.data != disp.ctypes.data:
+                    np.copyto(into, disp)
                 disp = (path, disp.shape)
             else:
                 disp = np.array(disp)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import cv2
@@ -87,6 +88,32 @@ def nonfinite_mask(img: np.ndarray) -> np.ndarray | None:
     if bad.ndim == 3:
         bad = bad.any(axis=2)
     return bad if bad.any() else None
+
+
+@dataclass
+class PairInput:
+    """A pair as the matcher takes it (`prepare_pair`): the grey images (uint8 where
+    both images are 8-bit, else float32 0..255), the left image as given (the weighted
+    median's guide, and the colours of a point cloud) and the masks of non-finite
+    pixels (float images; None where there are none)."""
+    left: np.ndarray
+    grey_left: np.ndarray
+    grey_right: np.ndarray
+    bad_left: np.ndarray | None = None
+    bad_right: np.ndarray | None = None
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.grey_left.shape
+
+
+def prepare_pair(left: np.ndarray, right: np.ndarray) -> PairInput:
+    """The per-pixel host work before a match: grey conversion and non-finite masks.
+    A batch runs it in its reader threads or worker processes, so that the matching
+    thread only uploads and matches (pipeline.run_prepared)."""
+    bytes_in = left.dtype == np.uint8 and right.dtype == np.uint8  # upload bytes, make floats on the device
+    return PairInput(left, to_grey(left, keep_u8=bytes_in), to_grey(right, keep_u8=bytes_in),
+                     nonfinite_mask(left), nonfinite_mask(right))
 
 
 MAX_PIXELS_VAR = "OPENCV_IO_MAX_IMAGE_PIXELS"  # OpenCV's own limit, read when cv2 loads

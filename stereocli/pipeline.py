@@ -34,7 +34,7 @@ import numpy as np
 from .backends.protocol import Backend
 from .config import Params, load
 from .errors import StereoError
-from .io import nonfinite_mask, to_grey, to_guide
+from .io import PairInput, prepare_pair, to_guide
 from .stages import cost, preprocess, refine
 
 STRIP_OVERLAP = 48
@@ -64,9 +64,17 @@ class _Timer:
     marker in the device's order of work (backend.mark: the clock on the CPU, a CUDA
     event on the GPU, so kernels queue while Python goes on), read once at the end."""
 
-    def __init__(self, backend):
+    def __init__(self, backend, start: bool = True):
         self.backend = backend
-        self.marks = [(None, backend.mark())]
+        self.marks = []
+        if start:
+            self.start()
+
+    def start(self):
+        """The start marker, unless there is one (a match that may replay a CUDA graph starts
+        the timer only where it runs as usual: a replay brings the graph's own markers)."""
+        if not self.marks:
+            self.marks.append((None, self.backend.mark()))
 
     def lap(self, stage):
         self.marks.append((stage, self.backend.mark()))
@@ -183,23 +191,36 @@ def run(left, right, params: Params, backend: Backend, confidence: bool = False)
     """Match a rectified pair (any shape/dtype io.to_grey accepts) -> Result; with
     `confidence`, Result.confidence too."""
     params.validate()
-    want_conf = confidence or params.min_confidence > 0
     check_inputs(left, right, params)
-    bytes_in = left.dtype == np.uint8 and right.dtype == np.uint8  # upload bytes, make floats on the device
-    gl, gr = to_grey(left, keep_u8=bytes_in), to_grey(right, keep_u8=bytes_in)
-    guide = to_guide(left) if params.weighted_median else None
+    return run_prepared(prepare_pair(left, right), params, backend, confidence)
+
+
+def run_prepared(pair: PairInput, params: Params, backend: Backend, confidence: bool = False,
+                 out: np.ndarray | None = None) -> Result:
+    """run() on a pair that io.prepare_pair has made ready (a batch prepares the next
+    pairs in its reader threads or worker processes while this one is matched); `out`: a
+    C-contiguous float32 array of the image's shape to hold the map (a batch's write
+    slot, from which a worker process encodes it), else a new one."""
+    params.validate()
+    want_conf = confidence or params.min_confidence > 0
+    gl, gr = pair.grey_left, pair.grey_right
+    check_inputs(gl, gr, params)
+    bytes_in = gl.dtype == np.uint8 and gr.dtype == np.uint8
+    guide = to_guide(pair.left) if params.weighted_median else None
     h, w = gl.shape
     strips, note = layout(h, w, params, backend)
-    timer = _Timer(backend)
-    out = backend.host_empty((h, w), np.float32)
-    conf = np.empty((h, w), np.float32) if want_conf else None
     graph = _graph_key(params, backend, strips, want_conf, bytes_in, gl, gr, guide)
+    timer = _Timer(backend, start=graph is None)
+    if out is None:
+        out = backend.host_empty((h, w), np.float32)
+    elif out.shape != (h, w) or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous float32 array of shape {(h, w)}")
+    conf = np.empty((h, w), np.float32) if want_conf else None
     try:
         for y0, y1, k0, k1 in strips:
             if graph is not None:  # one strip, whole: the backend may replay a graph of the match
                 inputs = [gl, gr] + ([] if guide is None or _is_grey_bytes(guide, gl) else [guide])
-                backend.run_graph(graph, inputs, out, timer,
-                                  lambda t: _run_strip(gl, gr, params, backend, t, False, guide, out))
+                backend.run_graph(graph, inputs, out, timer, lambda t: _run_whole(gl, gr, params, backend, t, guide, out))
                 continue
             # The strip's kept rows come straight into their rows of out (no host copy of
             # the strip's whole map: at 6000x4000 a 26 MB array a strip, whose fresh pages
@@ -217,7 +238,7 @@ def run(left, right, params: Params, backend: Backend, confidence: bool = False)
         _settle(backend)
         raise
     backend.synchronize()
-    _invalidate_nonfinite(out, left, right)
+    _invalidate_nonfinite(out, pair.bad_left, pair.bad_right)
     if want_conf:
         conf[np.isnan(out)] = 0.0
         if params.min_confidence > 0:
@@ -272,6 +293,13 @@ def warm_up(backend, report=None) -> None:
             report(f"{backend.name}: preset {preset}, {n} disparities: {time.perf_counter() - t:.1f} s")
 
 
+def _run_whole(gl, gr, params, backend, timer, guide, out):
+    """A match of one whole strip as run_graph runs it where it does not replay a graph:
+    the timer starts here."""
+    timer.start()
+    return _run_strip(gl, gr, params, backend, timer, False, guide, out)
+
+
 def _settle(backend) -> None:
     """After a strip failed: wait for the copies already queued into the map (its pinned
     memory must not be reused while the device may still write it), keeping the first
@@ -282,9 +310,9 @@ def _settle(backend) -> None:
         pass
 
 
-def _invalidate_nonfinite(disp: np.ndarray, left: np.ndarray, right: np.ndarray) -> None:
-    """NaN where the left pixel, or the right pixel it matched, was NaN or infinite."""
-    bad_l, bad_r = nonfinite_mask(left), nonfinite_mask(right)
+def _invalidate_nonfinite(disp: np.ndarray, bad_l: np.ndarray | None, bad_r: np.ndarray | None) -> None:
+    """NaN where the left pixel, or the right pixel it matched, was NaN or infinite
+    (bad_l, bad_r: io.nonfinite_mask of each image)."""
     if bad_l is not None:
         disp[bad_l] = np.nan
     if bad_r is not None:

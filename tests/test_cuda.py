@@ -834,6 +834,62 @@ def test_replayed_graphs_keep_the_selection_that_follows_the_bands(rng, monkeypa
     assert any(isinstance(g, graphs.Graph) for g in bk._graphs.values())
 
 
+@pytest.mark.skipif(not REAL_GPU, reason="graphs are off under the simulator")
+def test_replayed_graphs_read_page_locked_inputs_where_they_are(rng):
+    """A batch's read slots are page-locked (pin_host) and a replayed graph uploads a
+    pair from there instead of copying it: whichever buffer the next pair lies in (the
+    same one refilled, another, ordinary memory), its own map comes out."""
+    import mmap
+    bk, plain = CudaBackend(), CudaBackend()
+    plain.graphs = False
+    params = config.load("default", None, {"num_disparities": 24})
+    h, w = 70, 110
+    slots = [mmap.mmap(-1, 1 << 20) for _ in range(2)]
+    unpins = [bk.pin_host(m) for m in slots]
+    assert all(u is not None for u in unpins)
+
+    def in_slot(k, left, right):
+        inp = io.prepare_pair(left, right)
+        views = [np.ndarray((h, w), np.uint8, buffer=slots[k], offset=o) for o in (0, h * w)]
+        views[0][...], views[1][...] = inp.grey_left, inp.grey_right
+        return io.PairInput(left, views[0], views[1])
+
+    try:
+        for i, k in enumerate((0, 0, 1, 0, None, 1, 1)):
+            left = rng.integers(0, 256, (h, w, 3)).astype(np.uint8)
+            left = np.repeat(np.repeat(left[::2, ::2], 2, 0), 2, 1)[:h, :w]
+            right = np.ascontiguousarray(np.roll(left, -(3 + i), axis=1))
+            inp = io.prepare_pair(left, right) if k is None else in_slot(k, left, right)
+            got = pipeline.run_prepared(inp, params, bk)
+            want = pipeline.run(left, right, params, plain)
+            np.testing.assert_array_equal(got.disparity, want.disparity)
+    finally:
+        for u in unpins:
+            u()
+
+
+@pytest.mark.skipif(not REAL_GPU, reason="a batch of real pairs needs a real GPU")
+def test_gpu_batch_in_worker_processes_writes_the_cpu_maps(tmp_path):
+    """stereo batch --device cuda --io-processes: the pairs come from page-locked slots
+    that the workers fill; every map is the CPU's (same PNG bytes)."""
+    import cv2
+    from stereocli import batch
+    for d in ("left", "right"):
+        (tmp_path / d).mkdir()
+    for i, (scene, _) in enumerate([("tsukuba", 16), ("venus", 32), ("teddy", 64), ("cones", 64)] * 2):
+        for d, f in (("left", "left.png"), ("right", "right.png")):
+            img = cv2.imread(str(SHARED_DATA / scene / f))
+            cv2.imwrite(str(tmp_path / d / f"{i:02d}_{scene}.png"), img)
+    params = config.load("default", None, {"num_disparities": 32})
+    outs = {}
+    for name, bk, procs in (("gpu", GPU, 2), ("cpu", CPU, 0)):
+        pairs = batch.find_pairs(tmp_path / "left", tmp_path / "right", tmp_path / name, ".png")
+        s = batch.run(pairs, params, bk, ".png", threads=2, processes=procs)
+        assert s.done == len(pairs) == 8 and s.failed == 0
+        outs[name] = {p.name: p.read_bytes() for p in sorted((tmp_path / name).iterdir())}
+    assert outs["gpu"] == outs["cpu"]
+
+
 def test_non_finite_input_pixels_give_the_same_invalid_map_on_both_devices():
     left, right = textured_pair(h=24, w=36, shift=3, seed=13)
     left[5, 10] = np.nan

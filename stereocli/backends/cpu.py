@@ -160,6 +160,9 @@ class CpuBackend:
     def host_empty(self, shape, dtype):
         return np.empty(shape, dtype)
 
+    def pin_host(self, buffer):
+        return None  # (nothing to gain on the CPU)
+
     def download(self, a, out=None, wait=True):
         if out is None:
             return np.asarray(a)

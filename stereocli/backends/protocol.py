@@ -41,6 +41,11 @@ class Backend(Protocol):
         """An uninitialised host numpy array for a result map (the CUDA backend hands out
         large ones in pinned memory, which its downloads fill faster)."""
 
+    def pin_host(self, buffer):
+        """Page-lock a host buffer in place -> a function that unlocks it, or None (the
+        CPU backend; a GPU driver that refuses). A batch's read slots, from which the CUDA
+        backend's graphs then upload without a host copy."""
+
     def recycle(self, *arrays) -> None:
         """The caller is done with these arrays (the pipeline's volumes, after the
         selection) and holds no other reference to them: the backend may use their memory

@@ -197,6 +197,8 @@ class CudaBackend:
         self._graphs = {}  # key -> graphs.Graph, or "seen" (run once), or None (not captured)
         self._graph_events = set()  # ids of the events kept by graphs (never recycled)
         self._cap = None  # the graphs.Capture under way
+        self._free = (float("-inf"), 0)  # (when, free bytes): free_memory's last reading
+        self._marks_done = False  # the stream was synchronized after the last mark: their times are final
         if not kc.SIM and not _POOL.limit:
             _POOL.limit = cuda.current_context().get_memory_info()[1] // 2
         self._hstream = None if kc.SIM else _driver._stream_handle(self.stream)  # (the driver's handle)
@@ -379,6 +381,30 @@ class CudaBackend:
         download fills at the bus's speed without a second copy."""
         return np.empty(shape, dtype) if _HOST_MAPS is None else _HOST_MAPS.empty(shape, dtype)
 
+    def pin_host(self, buffer):
+        """Page-lock a host buffer in place (an mmap or a bytearray: a batch's read slot,
+        which its worker processes fill) -> a function that unlocks it, or None where the
+        driver refuses (then the buffer is copied as any pageable memory). A graph
+        replayed on inputs in such a buffer uploads them from there: no host copy (graphs.Graph.feed)."""
+        if kc.SIM or _cu is None or len(buffer) == 0:
+            return None
+        cuda.current_context()  # (the calling thread may be a batch's feeding thread: the context made current there)
+        view = np.frombuffer(buffer, np.uint8)
+        addr, nbytes = view.ctypes.data, view.nbytes
+        del view  # (an export of the buffer would keep it from closing)
+        err, = _cu.cuMemHostRegister(addr, nbytes, 0)
+        if err != _cu.CUresult.CUDA_SUCCESS:
+            return None
+        hostmem.add_registered(addr, nbytes)
+
+        def unpin():
+            hostmem.remove_registered(addr)
+            try:
+                _cu.cuMemHostUnregister(addr)
+            except Exception:  # (the context is gone at exit: so is the lock)
+                pass
+        return unpin
+
     def download(self, a, out=None, wait=True):
         """The array on the host (into `out` when given). Into a pinned `out`
         (host_empty's), straight, and with wait=False only queued: the pipeline's strips
@@ -435,6 +461,7 @@ class CudaBackend:
             self.stream.synchronize()
         else:
             _check(_cu.cuStreamSynchronize(self._hstream), "cuStreamSynchronize")
+        self._marks_done = True
         if self._order_used:  # (every side stream's work joined the main stream before it ended)
             self._order_free += self._order_used
             self._order_used = []
@@ -462,6 +489,7 @@ class CudaBackend:
             self.stream.synchronize()
             return time.perf_counter()
         e = self._events.pop() if self._events else cuda.event(timing=True)
+        self._marks_done = False
         if self._cap is not None:  # an event node that records when the graph runs
             _check(_cu.cuEventRecordWithFlags(e.handle, self._hstream,
                                               _cu.CUevent_record_flags.CU_EVENT_RECORD_EXTERNAL),
@@ -494,8 +522,7 @@ class CudaBackend:
             return
         if isinstance(entry, graphs.Graph):
             self._graphs[key] = self._graphs.pop(key)  # (the most recently used last)
-            for view, a in zip(entry.views, inputs):
-                np.copyto(view, a)
+            entry.feed(inputs)  # (copied into the graph's buffers, or read where they are when page-locked)
             self.recycle_marks([m for _, m in timer.marks])
             timer.marks = list(entry.marks)
         else:
@@ -555,12 +582,21 @@ class CudaBackend:
         if _cu is None:
             end.synchronize()
             return cuda.event_elapsed_time(start, end)
-        _check(_cu.cuEventSynchronize(end.handle), "cuEventSynchronize")
+        if not self._marks_done:  # (after a synchronize the events are done: each call here lets other threads in)
+            _check(_cu.cuEventSynchronize(end.handle), "cuEventSynchronize")
         return _check(_cu.cuEventElapsedTime(start.handle, end.handle), "cuEventElapsedTime")
 
+    # How long a reading of the device's free memory is trusted (as the CPU backend's
+    # AVAILABLE_TTL_S): the query cost 0.07 ms of a 1 ms match of the shared scenes on the
+    # H200 machine, and with a batch's codec threads about twice that (the call lets them
+    # take this thread's interpreter lock). The pool's free buffers are added fresh.
+    FREE_TTL_S = 1.0
+
     def free_memory(self):
-        free, _ = cuda.current_context().get_memory_info()
-        return free + self._pool.nbytes  # the pool's free buffers are given back when memory runs short
+        now = time.monotonic()
+        if now - self._free[0] > self.FREE_TTL_S:
+            self._free = (now, cuda.current_context().get_memory_info()[0])
+        return self._free[1] + self._pool.nbytes  # the pool's free buffers are given back when memory runs short
 
     def _launch(self, kernel, grid, block, *args):
         """kernel[grid, block, self.stream](*args), with Numba's host work done once (launch.Launcher)."""

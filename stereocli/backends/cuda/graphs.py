@@ -19,6 +19,8 @@ on. STEREOCLI_CUDA_GRAPHS=0 turns graphs off.
 """
 import os
 
+import numpy as np
+
 from . import hostmem
 
 GRAPHS_KEPT = 4  # keys whose graphs (and buffers) are kept, the most recently used
@@ -66,27 +68,75 @@ class Graph:
         self.marks = marks
         self._copy = self._download_node()  # (node, params, context), or None: every map through out_view
         self._target = self.out_view.ctypes.data  # where the download node writes now
+        self._feeds = self._upload_nodes()  # per input: [node, params, context, address it reads now], or None
 
-    def _download_node(self):
-        """(node, its CUDA_MEMCPY3D, the context) of the copy into out_view, or None."""
+    def _copy_nodes(self):
+        """[(node, its CUDA_MEMCPY3D)] of the graph's copies, and the context; ([], None)
+        when the driver does not say."""
         cu = self._cu
         err, _, count = cu.cuGraphGetNodes(self.graph, 0)
         if err != cu.CUresult.CUDA_SUCCESS:
-            return None
+            return [], None
         err, nodes, count = cu.cuGraphGetNodes(self.graph, count)
         err2, ctx = cu.cuCtxGetCurrent()
         if err != cu.CUresult.CUDA_SUCCESS or err2 != cu.CUresult.CUDA_SUCCESS:
-            return None
-        host = cu.CUmemorytype.CU_MEMORYTYPE_HOST
+            return [], None
+        out = []
         for node in nodes[:count]:
             err, kind = cu.cuGraphNodeGetType(node)
             if err != cu.CUresult.CUDA_SUCCESS or kind != cu.CUgraphNodeType.CU_GRAPH_NODE_TYPE_MEMCPY:
                 continue
             err, params = cu.cuGraphMemcpyNodeGetParams(node)
-            if (err == cu.CUresult.CUDA_SUCCESS and params.dstMemoryType == host
-                    and int(params.dstHost) == self.out_view.ctypes.data):
+            if err == cu.CUresult.CUDA_SUCCESS:
+                out.append((node, params))
+        return out, ctx
+
+    def _download_node(self):
+        """(node, its CUDA_MEMCPY3D, the context) of the copy into out_view, or None."""
+        nodes, ctx = self._copy_nodes()
+        host = self._cu.CUmemorytype.CU_MEMORYTYPE_HOST
+        for node, params in nodes:
+            if params.dstMemoryType == host and int(params.dstHost) == self.out_view.ctypes.data:
                 return node, params, ctx
         return None
+
+    def _upload_nodes(self):
+        """Per input view, [node, params, context, address] of the one copy that reads it
+        (a flat copy of the whole view), or None: that input is always copied into its view."""
+        nodes, ctx = self._copy_nodes()
+        host = self._cu.CUmemorytype.CU_MEMORYTYPE_HOST
+        feeds = []
+        for v in self.views:
+            found = [(node, params) for node, params in nodes
+                     if params.srcMemoryType == host and int(params.srcHost) == v.ctypes.data]
+            ok = len(found) == 1 and int(found[0][1].WidthInBytes) == v.nbytes and int(found[0][1].Height) <= 1
+            feeds.append([found[0][0], found[0][1], ctx, v.ctypes.data] if ok else None)
+        return feeds
+
+    def feed(self, inputs) -> None:
+        """Make the next launch read `inputs`: an input in page-locked memory
+        (hostmem.is_pinned: a batch's read slot) of its view's shape and type is read from
+        where it is (the copy node is pointed at it), any other is copied into its view."""
+        for i, (view, a) in enumerate(zip(self.views, inputs)):
+            f = self._feeds[i]
+            if (f is not None and a.dtype == view.dtype and a.shape == view.shape and a.flags.c_contiguous
+                    and hostmem.is_pinned(a)):
+                addr = a.ctypes.data
+                if addr == f[3] or self._point_feed(f, addr):
+                    continue
+            if f is not None and f[3] != view.ctypes.data and not self._point_feed(f, view.ctypes.data):
+                raise RuntimeError("could not point a CUDA graph's upload at its own buffer; "
+                                   "set STEREOCLI_CUDA_GRAPHS=0 to run without graphs")
+            np.copyto(view, a)
+
+    def _point_feed(self, f, addr) -> bool:
+        node, params, ctx, _ = f
+        params.srcHost = addr
+        err, = self._cu.cuGraphExecMemcpyNodeSetParams(self.exec, node, params, ctx)
+        if err != self._cu.CUresult.CUDA_SUCCESS:
+            return False
+        f[3] = addr
+        return True
 
     def retarget(self, out) -> bool:
         """Point the download at `out` when it is a pinned map of the pool of out_view's

@@ -85,12 +85,33 @@ class HostMaps:
             self.free.setdefault(nbytes, []).append(buf)
 
 
+# Host memory page-locked in place (CudaBackend.pin_host: a batch's read slots, which
+# its worker processes fill): start address -> end address.
+_registered: dict[int, int] = {}
+
+
+def add_registered(start: int, nbytes: int) -> None:
+    _registered[start] = start + nbytes
+
+
+def remove_registered(start: int) -> None:
+    _registered.pop(start, None)
+
+
 def is_pinned(a) -> bool:
     """Whether `a` lies in a buffer of this pool (a map it handed out, or a view of one:
-    its base is the map, whose base is the lease). The pipeline downloads a whole strip
-    into a view of its map (its rows): read as not pinned (only the map's own base was
-    looked at), a 3840x2160 map went through the staging buffer and a 33 MB host copy,
-    download stage 5.3-6.2 ms, instead of straight in (the bus: 0.64 ms)."""
-    while isinstance(a, np.ndarray):
-        a = a.base
-    return isinstance(a, _Lease)
+    its base is the map, whose base is the lease), or in memory page-locked in place
+    (add_registered). The pipeline downloads a whole strip into a view of its map (its
+    rows): read as not pinned (only the map's own base was looked at), a 3840x2160 map
+    went through the staging buffer and a 33 MB host copy, download stage 5.3-6.2 ms,
+    instead of straight in (the bus: 0.64 ms)."""
+    b = a
+    while isinstance(b, np.ndarray):
+        b = b.base
+    if isinstance(b, _Lease):
+        return True
+    if _registered and isinstance(a, np.ndarray):
+        start = a.ctypes.data
+        end = start + a.nbytes
+        return any(s0 <= start and end <= e0 for s0, e0 in list(_registered.items()))
+    return False
