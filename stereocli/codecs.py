@@ -7,13 +7,15 @@ H200 machine's 16-core host a pair of the shared scenes (two 450x375 colour PNGs
 one 16-bit PNG map out) costs 16-18 ms of one core's time in this work, against about
 1 ms for its match, and threads in the batch's own process share one interpreter lock
 with the matching thread. In `Workers` each read and each write is a task of a process
-pool; the decoded images and the maps cross through shared memory slots (files mapped
-by both sides: in /dev/shm, or the temporary folder where /dev/shm has no room), so
-the matching process only copies a map into a slot and reads the pair from one.
-Measured there (benchmarks/batch.py --device cuda --pairs 1600): the file work alone
-ran at 853-934 pairs/s in 15 processes against 485-536 in 16 threads, but the whole
-batch did not gain (15 processes 464-501 pairs/s, 12 processes 476-561, threads
-477-530), which is why it is not the default.
+pool; the workers decode a pair and make it grey (`load_prepared`) into a shared
+memory read slot, and encode a map from a write slot (files mapped by both sides: in
+/dev/shm, or the temporary folder where /dev/shm has no room). Where the backend can
+page-lock the slots (the GPU's pin_host), it uploads a pair straight from its read
+slot and downloads the map straight into a write slot, so the matching process copies
+nothing. Measured there (benchmarks/batch.py --device cuda --pairs 1600, code of
+a709423): 15 processes 599-669 pairs/s, 14 608, 16 threads 521 (the file work alone
+in 15 processes 801-823 pairs/s, in 16 threads 469). Starting the pool takes 0.6-1 s,
+so a batch of a few thousand pairs or less is as quick in threads, the default.
 
 The workers are forked from a server process that has imported this module (numpy,
 OpenCV) once, so they start in milliseconds; they never import Numba or touch a GPU.

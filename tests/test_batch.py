@@ -118,7 +118,7 @@ def test_corrupt_pair_in_the_middle_is_skipped_and_reported(tmp_path, crops):
 
 
 def test_io_processes_write_the_same_maps_report_a_bad_pair_and_leave_no_slot_files(tmp_path, crops):
-    """--io-processes N decodes and encodes in worker processes (a GPU batch's default):
+    """--io-processes N decodes and encodes in worker processes (for long GPU batches):
     the same maps and the same events as threads, pairs larger than a worker's first
     slot included, a corrupt pair reported, and the shared slot files gone at the end."""
     kitti_tree(tmp_path / "k", crops, corrupt=1)
