@@ -400,6 +400,7 @@ class CudaBackend:
         def unpin():
             hostmem.remove_registered(addr)
             try:
+                cuda.current_context()  # (as above: on whichever thread drops the slot)
                 _cu.cuMemHostUnregister(addr)
             except Exception:  # (the context is gone at exit: so is the lock)
                 pass
