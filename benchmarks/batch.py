@@ -8,9 +8,9 @@ matching taken out (each pair's map is a precomputed one of its size, so only th
 reads, encodes and writes remain: codec_only_pairs_per_s) and the matching alone,
 one pair after another on images already decoded and made grey, as the readers hand
 them on (match_only_pairs_per_s); `bound` is the slower of the two and `overlap` the
-batch's rate over that one's (1.0: the other work hides entirely behind it). A peer line times the plain serial loop a
-user would write with OpenCV StereoSGBM (read, compute, write PNG) on the same pairs
-in the same process (CPU only).
+batch's rate over that one's (1.0: the other work hides entirely behind it). A peer
+line times the plain serial loop a user would write with OpenCV StereoSGBM (read,
+compute, write PNG) on the same pairs in the same process (CPU only).
 
 The file work runs in threads, as `stereo batch` runs it, or with --io-processes N in
 N worker processes (stereo batch --io-processes). warm_up_s is the first pair's batch:

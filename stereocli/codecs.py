@@ -293,13 +293,18 @@ def _init_worker() -> None:
 _SHIPPED = ("grey_left", "grey_right", "left")  # a PairInput's arrays that cross in a read slot
 
 
+def _shipped(inp) -> list:
+    """[(field, array)] of a PairInput that cross in a read slot: the left image only
+    where it is not the grey one (an 8-bit grey left image is)."""
+    return [(k, getattr(inp, k)) for k in _SHIPPED if not (k == "left" and inp.left is inp.grey_left)]
+
+
 def _read_task(pair, path, room):
     """In a worker: decode and prepare the pair (load_prepared) into the slot file `path`
     (`room` bytes) -> (ms, {field: (shape, dtype str, offset)} when in the slot, else the
-    PairInput itself, pickled). The left image crosses only where it is not the grey
-    one (an 8-bit grey left image is)."""
+    PairInput itself, pickled)."""
     inp, ms = load_prepared(pair)
-    arrays = [(k, getattr(inp, k)) for k in _SHIPPED if not (k == "left" and inp.left is inp.grey_left)]
+    arrays = _shipped(inp)
     if path is None or sum(a.nbytes for _, a in arrays) > room:
         return ms, inp
     out, offset = {"bad_left": inp.bad_left, "bad_right": inp.bad_right}, 0
@@ -331,7 +336,7 @@ class Read:
             self.release()
             raise
         if isinstance(got, io.PairInput):  # (did not fit: the slot is made larger for the next pair)
-            self._workers.reads.fit(self._slot, sum(a.nbytes for a in (got.grey_left, got.grey_right, got.left)))
+            self._workers.reads.fit(self._slot, sum(a.nbytes for _, a in _shipped(got)))
             return got, ms
         views = {k: self._workers.reads.array(self._slot, shape, np.dtype(dt), off)
                  for k, (shape, dt, off) in ((k, got[k]) for k in _SHIPPED if k in got)}
