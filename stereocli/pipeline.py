@@ -189,9 +189,7 @@ def check_inputs(left: np.ndarray, right: np.ndarray, params: Params) -> None:
 
 def run(left, right, params: Params, backend: Backend, confidence: bool = False) -> Result:
     """Match a rectified pair (any shape/dtype io.to_grey accepts) -> Result; with
-    `confidence`, Result.confidence too."""
-    params.validate()
-    check_inputs(left, right, params)
+    `confidence`, Result.confidence too. (run_prepared checks the parameters and sizes.)"""
     return run_prepared(prepare_pair(left, right), params, backend, confidence)
 
 

@@ -54,6 +54,25 @@ class Capture:
         return self.out_view is not None and all(v is not None for v in self.views)
 
 
+class _CopyNode:
+    """A copy node of an instantiated graph whose host end (`end`: "srcHost" for an
+    upload, "dstHost" for the download) can be pointed at another page-locked buffer
+    between launches; `address` is where it points now."""
+
+    def __init__(self, cu, exec_, node, params, ctx, end):
+        self._cu, self._exec, self._node, self._params, self._ctx, self._end = cu, exec_, node, params, ctx, end
+        self.address = int(getattr(params, end))
+
+    def point(self, address) -> bool:
+        """Make the next launch copy from/to `address`; False when the driver refuses."""
+        setattr(self._params, self._end, address)
+        err, = self._cu.cuGraphExecMemcpyNodeSetParams(self._exec, self._node, self._params, self._ctx)
+        if err != self._cu.CUresult.CUDA_SUCCESS:
+            return False
+        self.address = address
+        return True
+
+
 class Graph:
     """An instantiated graph and what it keeps: the input and output pinned buffers and
     the timing marks [(stage, event)] its event nodes record."""
@@ -66,9 +85,19 @@ class Graph:
         self.out_view = capture.out_view
         self.keep = capture.keep
         self.marks = marks
-        self._copy = self._download_node()  # (node, params, context), or None: every map through out_view
-        self._target = self.out_view.ctypes.data  # where the download node writes now
-        self._feeds = self._upload_nodes()  # per input: [node, params, context, address it reads now], or None
+        nodes, ctx = self._copy_nodes()
+        host = cu.CUmemorytype.CU_MEMORYTYPE_HOST
+        # The download: the copy into out_view, or None (every map then goes through out_view).
+        self._copy = next((_CopyNode(cu, exec_, node, params, ctx, "dstHost") for node, params in nodes
+                           if params.dstMemoryType == host and int(params.dstHost) == self.out_view.ctypes.data), None)
+        # Per input view, the one copy that reads it (a flat copy of the whole view), or
+        # None: that input is always copied into its view.
+        self._feeds = []
+        for v in self.views:
+            found = [(node, params) for node, params in nodes
+                     if params.srcMemoryType == host and int(params.srcHost) == v.ctypes.data]
+            ok = len(found) == 1 and int(found[0][1].WidthInBytes) == v.nbytes and int(found[0][1].Height) <= 1
+            self._feeds.append(_CopyNode(cu, exec_, *found[0], ctx, "srcHost") if ok else None)
 
     def _copy_nodes(self):
         """[(node, its CUDA_MEMCPY3D)] of the graph's copies, and the context; ([], None)
@@ -91,78 +120,39 @@ class Graph:
                 out.append((node, params))
         return out, ctx
 
-    def _download_node(self):
-        """(node, its CUDA_MEMCPY3D, the context) of the copy into out_view, or None."""
-        nodes, ctx = self._copy_nodes()
-        host = self._cu.CUmemorytype.CU_MEMORYTYPE_HOST
-        for node, params in nodes:
-            if params.dstMemoryType == host and int(params.dstHost) == self.out_view.ctypes.data:
-                return node, params, ctx
-        return None
-
-    def _upload_nodes(self):
-        """Per input view, [node, params, context, address] of the one copy that reads it
-        (a flat copy of the whole view), or None: that input is always copied into its view."""
-        nodes, ctx = self._copy_nodes()
-        host = self._cu.CUmemorytype.CU_MEMORYTYPE_HOST
-        feeds = []
-        for v in self.views:
-            found = [(node, params) for node, params in nodes
-                     if params.srcMemoryType == host and int(params.srcHost) == v.ctypes.data]
-            ok = len(found) == 1 and int(found[0][1].WidthInBytes) == v.nbytes and int(found[0][1].Height) <= 1
-            feeds.append([found[0][0], found[0][1], ctx, v.ctypes.data] if ok else None)
-        return feeds
-
     def feed(self, inputs) -> None:
         """Make the next launch read `inputs`: an input in page-locked memory
         (hostmem.is_pinned: a batch's read slot) of its view's shape and type is read from
         where it is (the copy node is pointed at it), any other is copied into its view."""
-        for i, (view, a) in enumerate(zip(self.views, inputs)):
-            f = self._feeds[i]
+        for view, a, f in zip(self.views, inputs, self._feeds):
             if (f is not None and a.dtype == view.dtype and a.shape == view.shape and a.flags.c_contiguous
                     and hostmem.is_pinned(a)):
                 addr = a.ctypes.data
-                if addr == f[3] or self._point_feed(f, addr):
+                if addr == f.address or f.point(addr):
                     continue
-            if f is not None and f[3] != view.ctypes.data and not self._point_feed(f, view.ctypes.data):
+            if f is not None and f.address != view.ctypes.data and not f.point(view.ctypes.data):
                 raise RuntimeError("could not point a CUDA graph's upload at its own buffer; "
                                    "set STEREOCLI_CUDA_GRAPHS=0 to run without graphs")
             np.copyto(view, a)
-
-    def _point_feed(self, f, addr) -> bool:
-        node, params, ctx, _ = f
-        params.srcHost = addr
-        err, = self._cu.cuGraphExecMemcpyNodeSetParams(self.exec, node, params, ctx)
-        if err != self._cu.CUresult.CUDA_SUCCESS:
-            return False
-        f[3] = addr
-        return True
 
     def retarget(self, out) -> bool:
         """Point the download at `out` when it is a pinned map of the pool of out_view's
         size and layout (True: the next launch fills it), else at out_view (False: the
         caller copies the map from there). If the driver refuses, every later map goes
         through out_view."""
-        direct = (self._copy is not None and hostmem.is_pinned(out) and out.flags.c_contiguous
+        copy, own = self._copy, self.out_view.ctypes.data
+        if copy is None:
+            return False
+        direct = (hostmem.is_pinned(out) and out.flags.c_contiguous
                   and out.dtype == self.out_view.dtype and out.shape == self.out_view.shape)
-        target = out.ctypes.data if direct else self.out_view.ctypes.data
-        if target == self._target or self._point(target):
+        target = out.ctypes.data if direct else own
+        if target == copy.address or copy.point(target):
             return direct
-        own = self.out_view.ctypes.data
-        if self._target != own and not self._point(own):  # (still at an earlier map: never launch so)
+        if copy.address != own and not copy.point(own):  # (still at an earlier map: never launch so)
             raise RuntimeError("could not point a CUDA graph's download at its own buffer; "
                                "set STEREOCLI_CUDA_GRAPHS=0 to run without graphs")
         self._copy = None
         return False
-
-    def _point(self, target) -> bool:
-        node, params, ctx = self._copy
-        params.dstHost = target
-        err, = self._cu.cuGraphExecMemcpyNodeSetParams(self.exec, node, params, ctx)
-        if err != self._cu.CUresult.CUDA_SUCCESS:
-            return False
-        self._target = target
-        return True
 
     def destroy(self):
         if self._cu is not None:
