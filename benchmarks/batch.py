@@ -1,6 +1,6 @@
 """Batch throughput: the shared scenes repeated to N pairs (default 200) in a temporary
 KITTI-like tree, run through `stereocli.batch` exactly as `stereo batch` runs them
-(reader/writer threads overlapped with the matching). Prints one JSON line with
+(the file work overlapped with the matching). Prints one JSON line with
 pairs/s, the summed read / compute / write ms and the share of time in I/O, after
 one warm-up pair (kernel compile/cache load excluded). A "bounds" line says what
 bounds that rate, from two runs in the same process: the same batch with the
@@ -12,12 +12,13 @@ batch's rate over that one's (1.0: the other work hides entirely behind it). A p
 line times the plain serial loop a user would write with OpenCV StereoSGBM (read,
 compute, write PNG) on the same pairs in the same process (CPU only).
 
-The file work runs in threads, as `stereo batch` runs it, or with --io-processes N in
-N worker processes (stereo batch --io-processes). warm_up_s is the first pair's batch:
+The file work runs where `stereo batch` runs it by default (--io-processes auto: in
+worker processes for a GPU batch on 8 cores or more, else in threads), or in N worker
+processes with --io-processes N (0: threads). warm_up_s is the first pair's batch:
 kernels loaded (or compiled), worker processes started.
 
     python benchmarks/batch.py [DATA_DIR] [--pairs 200] [--device cpu|cuda] [-n 64] [--threads N]
-                               [--io-processes N] [--quick]
+                               [--io-processes N|auto] [--quick]
 """
 import argparse
 import shutil
@@ -77,7 +78,9 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("-n", "--num-disparities", type=int, default=64)
     ap.add_argument("--threads", type=int, help="reader and writer threads [as stereo batch: one per core, 4 to 16]")
-    ap.add_argument("--io-processes", type=int, default=0, help="worker processes for the file work (0: threads)")
+    ap.add_argument("--io-processes", default="auto",
+                    help="worker processes for the file work (0: threads; auto: as stereo batch picks, "
+                         "batch.auto_io_processes)")
     ap.add_argument("--format", default="png")
     ap.add_argument("--preset", default="default")
     ap.add_argument("--no-peer", action="store_true")
@@ -88,6 +91,8 @@ def main():
         a.pairs, a.num_disparities = 4, 16
     params = config.load(a.preset, None, {"num_disparities": a.num_disparities})
     backend = get_backend(a.device)
+    a.io_processes = (batch.auto_io_processes(backend.name == "cuda", a.pairs) if a.io_processes == "auto"
+                      else int(a.io_processes))
     a.threads = a.threads or batch.default_threads()
     ext = "." + a.format
     with tempfile.TemporaryDirectory() as tmp:

@@ -2,7 +2,7 @@
 and write its map and extras (`save_result`), and `Workers`, which runs both in worker
 processes.
 
-Why processes (`stereo batch --io-processes N`; threads remain the default): on the
+Why processes (`stereo batch --io-processes N`; by default, auto, for GPU batches): on the
 H200 machine's 16-core host a pair of the shared scenes (two 450x375 colour PNGs in,
 one 16-bit PNG map out) costs 16-18 ms of one core's time in this work, against about
 1 ms for its match, and threads in the batch's own process share one interpreter lock
@@ -14,8 +14,10 @@ page-lock the slots (the GPU's pin_host), it uploads a pair straight from its re
 slot and downloads the map straight into a write slot, so the matching process copies
 nothing. Measured there (benchmarks/batch.py --device cuda --pairs 1600, code of
 a709423): 15 processes 599-669 pairs/s, 14 608, 16 threads 521 (the file work alone
-in 15 processes 801-823 pairs/s, in 16 threads 469). Starting the pool takes 0.6-1 s,
-so a batch of a few thousand pairs or less is as quick in threads, the default.
+in 15 processes 801-823 pairs/s, in 16 threads 469). The pool's processes start in
+the background as soon as it is made, and `stereo batch` makes it before its backend,
+whose start hides theirs; so `--io-processes auto`, the default, uses them for GPU
+batches (batch.auto_io_processes).
 
 The workers are forked from a server process that has imported this module (numpy,
 OpenCV) once, so they start in milliseconds; they never import Numba or touch a GPU.
@@ -280,6 +282,19 @@ def _view(path: str, shape, dtype, offset: int = 0) -> np.ndarray:
 WORKER_NICE = int(os.environ.get("STEREOCLI_IO_NICE", "10"))
 
 
+PRESTART_HOLD_S = 0.1
+
+
+def _start_processes(pool: ProcessPoolExecutor, n: int) -> None:
+    """Have `pool` start its n processes: n tasks that each hold a process a moment, so
+    that none is idle when the next is submitted (the pool then starts another)."""
+    try:
+        for f in [pool.submit(time.sleep, PRESTART_HOLD_S) for _ in range(n)]:
+            f.result()
+    except Exception:  # (a pool shut down or broken meanwhile: the batch sees it itself)
+        pass
+
+
 def _init_worker() -> None:
     import cv2
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the batch's: it stops us
@@ -369,6 +384,14 @@ class Workers:
                 w = cls._kept[processes] = cls(processes)
             return w
 
+    @classmethod
+    def drop(cls, processes: int) -> None:
+        """Close the kept pool of `processes` workers, if any (made, then not needed)."""
+        with cls._lock:
+            w = cls._kept.pop(processes, None)
+        if w is not None:
+            w.close()
+
     def __init__(self, processes: int):
         _remove_stale_slots()
         self.processes = processes
@@ -388,6 +411,15 @@ class Workers:
         except ValueError:  # (no forkserver on this system)
             ctx = mp.get_context("spawn")
         self._pool = ProcessPoolExecutor(self.processes, mp_context=ctx, initializer=_init_worker)
+        # The pool makes its processes one a task as tasks come; start them all now, in the
+        # background, so that they are ready when the first pairs are (the batch command
+        # makes the pool before its backend, whose start this overlaps). H200 machine, 16
+        # cores, `stereo batch --device cuda -n 64 --io-processes 15` over 400 / 1600 /
+        # 4000 pairs of the shared scenes, the batch's own seconds, two rounds: 1.2-1.3 /
+        # 2.9-3.0 / 6.1-6.2 s with the processes started as tasks came, 0.7-0.9 / 2.3-2.5 /
+        # 5.6-5.9 started here (16 threads: 0.9 / 3.1-3.5 / 7.6-8.2).
+        threading.Thread(target=_start_processes, args=(self._pool, self.processes), daemon=True,
+                         name="stereo-pool-start").start()
 
     def _submit(self, fn, *args) -> Future:
         try:

@@ -133,6 +133,8 @@ def test_io_processes_write_the_same_maps_report_a_bad_pair_and_leave_no_slot_fi
         events = [json.loads(x) for x in r.stdout.splitlines()]
         runs[procs] = sorted((Path(e["left"]).name, e["status"]) for e in events[:-1])  # (a failure comes at once)
         assert "cannot decode" in r.stderr
+        assert events[-1]["summary"]["io_processes"] == procs
+        assert ("in 2 processes" in r.stderr) == (procs == 2)
     assert runs[2] == runs[0] == [("000000_10.png", "ok"), ("000001_10.png", "failed"), ("000002_10.png", "ok"),
                                   ("000003_10.png", "ok")]
     for name in ("000000_10.png", "000002_10.png", "000003_10.png"):
@@ -143,6 +145,29 @@ def test_io_processes_write_the_same_maps_report_a_bad_pair_and_leave_no_slot_fi
     left = [n for d in ("/dev/shm", tempfile.gettempdir()) if os.path.isdir(d) for n in os.listdir(d)
             if n.startswith("stereocli-slot-")]
     assert left == []
+
+
+def test_io_processes_auto_takes_worker_processes_for_long_gpu_batches_only(tmp_path, crops):
+    """--io-processes auto (the default): worker processes, one per core but one, where
+    the codec bounds the batch (a GPU batch of many pairs on a machine of many cores, or
+    a stream), threads elsewhere; a CPU batch says it ran in threads."""
+    from stereocli.batch import auto_io_processes
+    linux = sys.platform.startswith("linux")
+    assert auto_io_processes(True, 1000, cores=16) == (15 if linux else 0)
+    assert auto_io_processes(True, None, cores=16) == (15 if linux else 0)  # a stream
+    assert auto_io_processes(True, 1000, cores=128) == (32 if linux else 0)
+    assert auto_io_processes(False, 1000, cores=16) == 0  # the CPU's matching is the bound
+    assert auto_io_processes(True, 10, cores=16) == 0
+    assert auto_io_processes(True, 1000, cores=4) == 0
+    kitti_tree(tmp_path / "k", crops)
+    r = stereo("batch", tmp_path / "k/image_2", tmp_path / "k/image_3", "-o", tmp_path / "out",
+               "--left-glob", "*_10.png", "--jsonl", *N)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.splitlines()[-1])["summary"]["io_processes"] == 0
+    r = stereo("batch", tmp_path / "k/image_2", tmp_path / "k/image_3", "-o", tmp_path / "out",
+               "--io-processes", "-1", *N)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "--io-processes" in r.stderr and "0..256" in r.stderr
 
 
 def test_skip_existing_resumes(tmp_path, crops):

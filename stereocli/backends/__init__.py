@@ -25,6 +25,14 @@ def _surely_no_gpu() -> bool:
             and not any(os.path.exists(p) for p in _NVIDIA_NODES))
 
 
+def gpu_likely(device: str) -> bool:
+    """Whether get_backend(device) will likely give the CUDA backend, told without
+    probing the driver: 'cuda', or 'auto' where a GPU may be (and not the simulator)."""
+    if device == "cuda":
+        return True
+    return device == "auto" and os.environ.get("NUMBA_ENABLE_CUDASIM", "0") == "0" and not _surely_no_gpu()
+
+
 def cuda_status() -> tuple[bool, str]:
     """(usable, reason): whether the CUDA backend can run here, and why not."""
     if _surely_no_gpu():
