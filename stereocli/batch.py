@@ -424,8 +424,9 @@ def default_threads() -> int:
 
 
 # --io-processes auto: worker processes for a GPU batch of AUTO_IO_MIN_PAIRS pairs or more
-# (or a stream) on Linux with AUTO_IO_MIN_CORES cores or more, one per core but one (the
-# matching thread's), at most AUTO_IO_MAX.
+# (or a stream) on Linux with AUTO_IO_MIN_CORES cores or more: one per core but an eighth
+# of them (for the batch's own process: the matching thread and the pool's threads), at
+# most AUTO_IO_MAX.
 AUTO_IO_MIN_CORES = 8
 AUTO_IO_MIN_PAIRS = 64
 AUTO_IO_MAX = 32
@@ -437,18 +438,21 @@ def auto_io_processes(gpu: bool, pairs: int | None, cores: int | None = None) ->
     matching, not the codec, is the bound, and processes would take its cores);
     `pairs`: how many (None: a stream); `cores`: those this process may run on.
 
-    H200 machine, 16 cores, `stereo batch --device cuda -n 64` over 400 / 1600 / 4000
-    pairs of the shared scenes, the batch's seconds in two rounds: 16 threads 0.9 /
-    3.1-3.5 / 7.6-8.2, 15 processes 0.7-0.9 / 2.3-2.5 / 5.6-5.9 (their pool started
-    before the backend, codecs.Workers). The worker processes decode, make grey and
-    encode under interpreters of their own, where threads share the matching thread's."""
+    The worker processes decode, make grey and encode under interpreters of their own,
+    where threads share the matching thread's. H200 machine, 16 cores, `stereo batch
+    --device cuda -n 64` over 400 / 1600 / 4000 pairs of the shared scenes, the batch's
+    seconds in two rounds: 16 threads 0.9 / 3.1-3.5 / 7.6-8.2, 15 processes 0.7-0.9 /
+    2.3-2.5 / 5.6-5.9 (their pool started before the backend, codecs.Workers). On 32
+    cores (`benchmarks/batch.py --device cuda --pairs 4000`, pairs/s): 16 threads 550,
+    31 processes 847-933, 28 processes 964-977, and with WORKERS_SWITCH_S 28 processes
+    1105-1168, 26 1156-1214, 30 903-992."""
     if cores is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if not gpu or not sys.platform.startswith("linux") or cores < AUTO_IO_MIN_CORES:
         return 0
     if pairs is not None and pairs < AUTO_IO_MIN_PAIRS:
         return 0
-    return min(AUTO_IO_MAX, cores - 1)
+    return min(AUTO_IO_MAX, cores - cores // 8)
 
 
 # OpenCV's own thread pool while a batch runs its reader and writer threads: those
@@ -482,6 +486,33 @@ def _release_codec_threads() -> None:
         _cv2_holds[0] -= 1
         if _cv2_holds[0] == 0:
             cv2.setNumThreads(_cv2_holds[1])
+
+
+# The interpreter's switch interval while a batch with worker processes runs: its
+# matching thread shares this process's interpreter with the pool's threads, which move
+# each read and write to and from the workers, and each waits for the interpreter at
+# every hand-over. H200 machine with 32 cores, `benchmarks/batch.py --device cuda --pairs
+# 4000` (pairs/s, two rounds): 31 processes at Python's 5 ms 933 / 904, 0.5 ms 955 / 978,
+# 0.2 ms (28 processes) 918 / 972, 20 ms 891 / 878; 28 processes at 5 ms 964 / 977, at
+# 0.5 ms 1168 / 1105; 26 processes at 0.5 ms 1156 / 1214. STEREOCLI_BATCH_SWITCH_S sets it.
+WORKERS_SWITCH_S = float(os.environ.get("STEREOCLI_BATCH_SWITCH_S", "0.0005"))
+_switch_lock = threading.Lock()
+_switch_holds = [0, 0.005]  # batches holding it, the interval before the first
+
+
+def _hold_switch_interval() -> None:
+    with _switch_lock:
+        if _switch_holds[0] == 0:
+            _switch_holds[1] = sys.getswitchinterval()
+            sys.setswitchinterval(WORKERS_SWITCH_S)
+        _switch_holds[0] += 1
+
+
+def _release_switch_interval() -> None:
+    with _switch_lock:
+        _switch_holds[0] -= 1
+        if _switch_holds[0] == 0:
+            sys.setswitchinterval(_switch_holds[1])
 
 
 def run(pairs, params, backend, ext: str, *, threads: int = 4, processes: int = 0, skip_existing: bool = False,
@@ -553,6 +584,8 @@ def run(pairs, params, backend, ext: str, *, threads: int = 4, processes: int = 
 
     feeder = threading.Thread(target=feed, name="stereo-feed", daemon=True)
     held = workers is None and _hold_codec_threads(threads)  # (before the first read)
+    if workers is not None:
+        _hold_switch_interval()
     feeder.start()
     try:
         while True:
@@ -610,6 +643,8 @@ def run(pairs, params, backend, ext: str, *, threads: int = 4, processes: int = 
             writers.shutdown(wait=True)
         if held:
             _release_codec_threads()
+        if workers is not None:
+            _release_switch_interval()
         summary.seconds = time.perf_counter() - start
     return summary
 

@@ -148,13 +148,13 @@ def test_io_processes_write_the_same_maps_report_a_bad_pair_and_leave_no_slot_fi
 
 
 def test_io_processes_auto_takes_worker_processes_for_long_gpu_batches_only(tmp_path, crops):
-    """--io-processes auto (the default): worker processes, one per core but one, where
+    """--io-processes auto (the default): worker processes, one per core but an eighth, where
     the codec bounds the batch (a GPU batch of many pairs on a machine of many cores, or
     a stream), threads elsewhere; a CPU batch says it ran in threads."""
     from stereocli.batch import auto_io_processes
     linux = sys.platform.startswith("linux")
-    assert auto_io_processes(True, 1000, cores=16) == (15 if linux else 0)
-    assert auto_io_processes(True, None, cores=16) == (15 if linux else 0)  # a stream
+    assert auto_io_processes(True, 1000, cores=16) == (14 if linux else 0)
+    assert auto_io_processes(True, None, cores=32) == (28 if linux else 0)  # a stream
     assert auto_io_processes(True, 1000, cores=128) == (32 if linux else 0)
     assert auto_io_processes(False, 1000, cores=16) == 0  # the CPU's matching is the bound
     assert auto_io_processes(True, 10, cores=16) == 0
