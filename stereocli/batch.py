@@ -462,31 +462,33 @@ def auto_io_processes(gpu: bool, pairs: int | None, cores: int | None = None) ->
 # 4000 pairs in 16 threads): 498 pairs/s with OpenCV's default, 694 with one thread.
 # None leaves OpenCV's setting alone.
 CODEC_CV2_THREADS: int | None = 1
-_cv2_lock = threading.Lock()
-_cv2_holds = [0, None]  # batches holding OpenCV at CODEC_CV2_THREADS, and its setting before the first
 
 
-def _hold_codec_threads(threads: int) -> bool:
-    """OpenCV at CODEC_CV2_THREADS while batches with several codec threads run (True if
-    this one holds it; release with _release_codec_threads). It is a process-wide
-    setting and a Dask worker runs several chunks (batch.run calls) at once, so the
-    setting from before the first hold comes back when the last is released."""
-    if CODEC_CV2_THREADS is None or threads <= 1:
-        return False
-    with _cv2_lock:
-        if _cv2_holds[0] == 0:
-            _cv2_holds[1] = cv2.getNumThreads()
-            cv2.setNumThreads(CODEC_CV2_THREADS)
-        _cv2_holds[0] += 1
-    return True
+class _Held:
+    """A process-wide setting that batches running at once hold at a value (a Dask
+    worker runs several chunks, batch.run calls, at once): the value from before the
+    first hold comes back when the last is released."""
+
+    def __init__(self, get, put):
+        self._get, self._put = get, put
+        self._lock = threading.Lock()
+        self._holds, self._before = 0, None
+
+    def hold(self, value) -> None:
+        with self._lock:
+            if self._holds == 0:
+                self._before = self._get()
+                self._put(value)
+            self._holds += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._holds -= 1
+            if self._holds == 0:
+                self._put(self._before)
 
 
-def _release_codec_threads() -> None:
-    with _cv2_lock:
-        _cv2_holds[0] -= 1
-        if _cv2_holds[0] == 0:
-            cv2.setNumThreads(_cv2_holds[1])
-
+_cv2_threads = _Held(cv2.getNumThreads, cv2.setNumThreads)  # at CODEC_CV2_THREADS: batches with codec threads
 
 # The interpreter's switch interval while a batch with worker processes runs: its
 # matching thread shares this process's interpreter with the pool's threads, which move
@@ -496,23 +498,7 @@ def _release_codec_threads() -> None:
 # 0.2 ms (28 processes) 918 / 972, 20 ms 891 / 878; 28 processes at 5 ms 964 / 977, at
 # 0.5 ms 1168 / 1105; 26 processes at 0.5 ms 1156 / 1214. STEREOCLI_BATCH_SWITCH_S sets it.
 WORKERS_SWITCH_S = float(os.environ.get("STEREOCLI_BATCH_SWITCH_S", "0.0005"))
-_switch_lock = threading.Lock()
-_switch_holds = [0, 0.005]  # batches holding it, the interval before the first
-
-
-def _hold_switch_interval() -> None:
-    with _switch_lock:
-        if _switch_holds[0] == 0:
-            _switch_holds[1] = sys.getswitchinterval()
-            sys.setswitchinterval(WORKERS_SWITCH_S)
-        _switch_holds[0] += 1
-
-
-def _release_switch_interval() -> None:
-    with _switch_lock:
-        _switch_holds[0] -= 1
-        if _switch_holds[0] == 0:
-            sys.setswitchinterval(_switch_holds[1])
+_switch_interval = _Held(sys.getswitchinterval, sys.setswitchinterval)
 
 
 def run(pairs, params, backend, ext: str, *, threads: int = 4, processes: int = 0, skip_existing: bool = False,
@@ -583,9 +569,13 @@ def run(pairs, params, backend, ext: str, *, threads: int = 4, processes: int = 
                 finish(block=False)
 
     feeder = threading.Thread(target=feed, name="stereo-feed", daemon=True)
-    held = workers is None and _hold_codec_threads(threads)  # (before the first read)
+    held = None  # (held before the first read)
     if workers is not None:
-        _hold_switch_interval()
+        held, value = _switch_interval, WORKERS_SWITCH_S
+    elif threads > 1 and CODEC_CV2_THREADS is not None:
+        held, value = _cv2_threads, CODEC_CV2_THREADS
+    if held is not None:
+        held.hold(value)
     feeder.start()
     try:
         while True:
@@ -641,10 +631,8 @@ def run(pairs, params, backend, ext: str, *, threads: int = 4, processes: int = 
         if workers is None:
             readers.shutdown(wait=False, cancel_futures=True)
             writers.shutdown(wait=True)
-        if held:
-            _release_codec_threads()
-        if workers is not None:
-            _release_switch_interval()
+        if held is not None:
+            held.release()
         summary.seconds = time.perf_counter() - start
     return summary
 

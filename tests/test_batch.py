@@ -467,3 +467,34 @@ def test_batches_at_once_hold_opencv_at_one_thread_and_give_the_callers_setting_
         assert cv2.getNumThreads() == 3
     finally:
         cv2.setNumThreads(before)
+
+
+def test_a_batch_in_worker_processes_gives_back_the_interpreters_switch_interval(tmp_path, crops):
+    """While batch.run hands pairs to worker processes it runs this process's interpreter
+    at a short switch interval (its threads hand every pair on); a program that runs a
+    batch gets its own interval back afterwards, and its maps are those of threads."""
+    import sys
+
+    from stereocli import config
+    from stereocli.backends.cpu import CpuBackend
+    for k, side in enumerate(("left", "right")):
+        (tmp_path / side).mkdir()
+        for i, pair in enumerate(crops):
+            cv2.imwrite(str(tmp_path / side / f"{i}.png"), pair[k])
+    params, backend = config.load("default", None, {"num_disparities": 16}), CpuBackend()
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.003)
+    try:
+        seen = []
+        for name, procs in (("threads", 0), ("procs", 2)):
+            pairs = B.find_pairs(tmp_path / "left", tmp_path / "right", tmp_path / name, ".pfm")
+            s = B.run(pairs, params, backend, ".pfm", threads=2, processes=procs,
+                      on_event=lambda ev: seen.append((procs, sys.getswitchinterval())))
+            assert s.done == 3 and s.io_processes == procs
+            assert sys.getswitchinterval() == 0.003
+        assert seen == [(0, 0.003)] * 3 + [(2, B.WORKERS_SWITCH_S)] * 3
+        for i in range(3):
+            assert np.array_equal(io.read_disparity(tmp_path / "procs" / f"{i}.pfm"),
+                                  io.read_disparity(tmp_path / "threads" / f"{i}.pfm"), equal_nan=True)
+    finally:
+        sys.setswitchinterval(before)
