@@ -54,7 +54,7 @@ from .common import FORMATS, IntOrAuto, params_from, print_metrics, say_if_compi
               help="Decode and encode in N worker processes instead of --threads threads (0: threads). "
                    "auto: for a GPU batch of 64 pairs or more on Linux with 8 cores or more, one per core "
                    "but an eighth (28 of 32); else threads. A GPU batch of small pairs ran 1.4x as fast "
-                   "in 14 processes as in threads on 16 cores, 2x in 28 on 32.")
+                   "in 14 processes as in threads on 16 cores, about 2x in 28 on 32.")
 @click.option("--skip-existing", is_flag=True, help="Skip pairs whose output exists (resume a run).")
 @click.option("--gt-dir", type=click.Path(file_okay=False),
               help="Ground-truth folder: evaluate each map as it is written, print the total at the end.")
