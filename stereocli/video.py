@@ -188,6 +188,21 @@ class Stats:
 _END = object()
 
 
+def _take(q: queue.Queue):
+    """q.get() for the helper threads, woken whatever Ctrl-C did to the calling thread's
+    put: a KeyboardInterrupt raised in the calling thread between Condition.notify's
+    release of a waiter and its removal of it from the waiting list leaves the woken
+    thread's lock there, and the next notify spends itself on that lock, so a get
+    waiting without a timeout can sleep for ever with the end marker in the queue (a
+    `stereo video` Ctrl-C test hung so in CI, its colouring thread in done.get() while
+    the calling thread joined it). Polling every 0.1 s lets it find the item."""
+    while True:
+        try:
+            return q.get(timeout=0.1)
+        except queue.Empty:
+            pass
+
+
 def run(source: Source, params, backend, outputs: VideoOutputs, *, max_frames: int | None = None,
         on_frame=None) -> Stats:
     """Match every frame of `source` (up to max_frames) and write `outputs`; `on_frame(stats)`
@@ -223,7 +238,7 @@ def run(source: Source, params, backend, outputs: VideoOutputs, *, max_frames: i
         try:
             i = 0
             while True:
-                disp = done.get()
+                disp = _take(done)
                 if disp is _END:
                     break
                 t = time.perf_counter()
@@ -236,7 +251,7 @@ def run(source: Source, params, backend, outputs: VideoOutputs, *, max_frames: i
         except BaseException as e:  # noqa: BLE001 (handed to the calling thread)
             failure.append(e)
             stop.set()
-            while done.get() is not _END:  # let the matcher finish putting
+            while _take(done) is not _END:  # let the matcher finish putting
                 pass
         coloured.put(_END)
 
@@ -245,7 +260,7 @@ def run(source: Source, params, backend, outputs: VideoOutputs, *, max_frames: i
         try:
             i = 0
             while True:
-                item = coloured.get()
+                item = _take(coloured)
                 if item is _END:
                     break
                 frame, (h, w) = item
@@ -269,7 +284,7 @@ def run(source: Source, params, backend, outputs: VideoOutputs, *, max_frames: i
         except BaseException as e:  # noqa: BLE001
             failure.append(e)
             stop.set()
-            while coloured.get() is not _END:  # let the colouring thread finish putting
+            while _take(coloured) is not _END:  # let the colouring thread finish putting
                 pass
 
     start = time.perf_counter()
