@@ -50,7 +50,7 @@ from .common import FORMATS, IntOrAuto, params_from, print_metrics, say_if_compi
               help="Reader and writer threads (decoding/encoding overlap the matching) [one per CPU core, "
                    "4 to 16]; giving it keeps the file work in threads (see --io-processes); with "
                    "--scheduler, per worker [4].")
-@click.option("--io-processes", type=IntOrAuto(), default="auto", show_default=True,
+@click.option("--io-processes", type=IntOrAuto(0, 256), default="auto", show_default=True,
               help="Decode and encode in N worker processes instead of --threads threads (0: threads). "
                    "auto: for a GPU batch of 64 pairs or more on Linux with 8 cores or more, one per core "
                    "but an eighth (28 of 32); else threads. A GPU batch of small pairs ran 1.4x as fast "
@@ -105,8 +105,6 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, submiss
     from ..backends import get_backend
 
     params = params_from(kw)
-    if io_processes != "auto" and not 0 <= io_processes <= 256:
-        raise click.BadParameter(f"{io_processes} is not in 0..256 (or auto)", param_hint="'--io-processes'")
     if io_processes not in (0, "auto") and scheduler:
         raise click.UsageError("--io-processes is for a batch in this process; a cluster's workers use --threads")
     if workers and scheduler != "local":

@@ -14,15 +14,22 @@ EXIT_USAGE = 2
 
 
 class IntOrAuto(click.ParamType):
+    """A whole number (within lo..hi when given, as click.IntRange) or 'auto'."""
     name = "N|auto"
 
+    def __init__(self, lo: int | None = None, hi: int | None = None):
+        self.lo, self.hi = lo, hi
+
     def convert(self, value, param, ctx):
-        if isinstance(value, int) or value == "auto":
+        if value == "auto":
             return value
         try:
-            return int(value)
+            n = int(value)
         except ValueError:
             self.fail(f"{value!r} is not a whole number or 'auto'", param, ctx)
+        if (self.lo is not None and n < self.lo) or (self.hi is not None and n > self.hi):
+            self.fail(f"{n} is not in {self.lo}..{self.hi} (or 'auto')", param, ctx)
+        return n
 
 
 def stage_options(f, auto=False):
