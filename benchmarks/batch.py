@@ -18,7 +18,7 @@ processes with --io-processes N (0: threads). warm_up_s is the first pair's batc
 kernels loaded (or compiled), worker processes started.
 
     python benchmarks/batch.py [DATA_DIR] [--pairs 200] [--device cpu|cuda] [-n 64] [--threads N]
-                               [--io-processes N|auto] [--quick]
+                               [--io-processes N|auto] [--png-compression fast|small] [--quick]
 """
 import argparse
 import shutil
@@ -43,7 +43,7 @@ def build_tree(data: Path, root: Path, n: int):
         shutil.copyfile(data / scene / "right.png", root / "right" / f"{i:06d}_{scene}.png")
 
 
-def bounds(root: Path, pairs, params, backend, ext: str, threads: int, processes: int, rate: float):
+def bounds(root: Path, pairs, params, backend, ext: str, threads: int, processes: int, rate: float, png: str):
     """The "bounds" line (module docstring): the batch without its matching, and the
     matching without the batch."""
     from stereocli import pipeline
@@ -58,7 +58,7 @@ def bounds(root: Path, pairs, params, backend, ext: str, threads: int, processes
 
     again = batch.find_pairs(root / "left", root / "right", root / "codec_only", ext)
     t = time.perf_counter()
-    s = batch.run(again, params, backend, ext, threads=threads, processes=processes, compute=precomputed)
+    s = batch.run(again, params, backend, ext, threads=threads, processes=processes, compute=precomputed, png=png)
     codec = s.done / (time.perf_counter() - t)
     n = min(len(pairs), 400)
     t = time.perf_counter()
@@ -82,6 +82,8 @@ def main():
                     help="worker processes for the file work (0: threads; auto: as stereo batch picks, "
                          "batch.auto_io_processes)")
     ap.add_argument("--format", default="png")
+    ap.add_argument("--png-compression", choices=io.PNG_COMPRESSIONS, default=batch.PNG_DEFAULT,
+                    help="how the PNG maps are written [as stereo batch: %(default)s]")
     ap.add_argument("--preset", default="default")
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--no-bounds", action="store_true", help="skip the runs behind the bounds line")
@@ -100,22 +102,22 @@ def main():
         build_tree(Path(a.data), root, a.pairs)
         warm = batch.find_pairs(root / "left", root / "right", root / "warm", ext)[:1]
         t = time.perf_counter()  # compile / load the kernel cache, start the worker processes
-        batch.run(warm, params, backend, ext, threads=a.threads, processes=a.io_processes)
+        batch.run(warm, params, backend, ext, threads=a.threads, processes=a.io_processes, png=a.png_compression)
         warm_s = time.perf_counter() - t
         pairs = batch.find_pairs(root / "left", root / "right", root / "out", ext)
         t = time.perf_counter()
-        s = batch.run(pairs, params, backend, ext, threads=a.threads, processes=a.io_processes)
+        s = batch.run(pairs, params, backend, ext, threads=a.threads, processes=a.io_processes, png=a.png_compression)
         wall = time.perf_counter() - t
         io_ms = s.read_ms + s.write_ms
         emit(bench="stereo batch", device=backend.name, describe=backend.describe(), pairs=len(pairs),
              done=s.done, failed=s.failed, num_disparities=a.num_disparities, preset=a.preset, threads=a.threads,
              io_processes=a.io_processes, warm_up_s=round(warm_s, 3),
-             format=a.format, wall_s=round(wall, 3), pairs_per_s=round(s.done / wall, 2),
+             format=a.format, png_compression=a.png_compression, wall_s=round(wall, 3), pairs_per_s=round(s.done / wall, 2),
              read_ms=round(s.read_ms, 1), compute_ms=round(s.compute_ms, 1), write_ms=round(s.write_ms, 1),
              io_share=round(io_ms / (io_ms + s.compute_ms), 3),
              compute_busy=round(s.compute_ms / (wall * 1e3), 3))
         if not a.no_bounds:
-            bounds(root, pairs, params, backend, ext, a.threads, a.io_processes, s.done / wall)
+            bounds(root, pairs, params, backend, ext, a.threads, a.io_processes, s.done / wall, a.png_compression)
         if a.no_peer:
             return
         sgbm = opencv_sgbm(a.num_disparities)

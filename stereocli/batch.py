@@ -61,6 +61,12 @@ class Pair:
 
 SUBMISSIONS = ("kitti", "middlebury")
 
+# A batch's PNG maps are stored, not deflated (io.PNG_COMPRESSIONS): on a GPU the encode
+# was a third of the codec time that bounds a batch. H200 machine, 16 cores,
+# `benchmarks/batch.py --device cuda --pairs 4000`, pairs/s in two rounds alternated:
+# deflated 715 / 746, stored 905 / 847 (the codec alone 742 / 734 -> 947 / 919).
+PNG_DEFAULT = "fast"
+
 
 def as_submission(pairs, kind: str, out_dir, method: str = "stereocli"):
     """Re-aim each pair's output at the layout a benchmark's devkit reads, under out_dir:
@@ -502,8 +508,10 @@ _switch_interval = _Held(sys.getswitchinterval, sys.setswitchinterval)
 
 
 def run(pairs, params, backend, ext: str, *, threads: int = 4, processes: int = 0, skip_existing: bool = False,
-        on_event=None, max_disparity=None, summary: Summary | None = None, compute=None) -> Summary:
+        on_event=None, max_disparity=None, summary: Summary | None = None, compute=None,
+        png: str = PNG_DEFAULT) -> Summary:
     """Match every pair; one bad pair is reported (event status "failed") and skipped.
+    PNG maps are written as `png` says (io.PNG_COMPRESSIONS; PNG_DEFAULT).
     The pairs are read and written by `threads` reader and writer threads, or with
     `processes` > 0 by that many worker processes (codecs.Workers, kept for later runs).
     `compute(fn, *args, **kw)` runs each match (default: in this thread); a Dask worker
@@ -602,7 +610,7 @@ def run(pairs, params, backend, ext: str, *, threads: int = 4, processes: int = 
                 slot, out = (None if out is None else out[0]), None  # (the write's from here: it gives it back if it fails)
                 save = writers.submit if workers is None else _worker_write(workers, slot)
                 writing = save(save_result, p, result.disparity, ext, max_disparity, result.total_ms / 1e3,
-                               inp.left, result.confidence)
+                               inp.left, result.confidence, png)
             except Exception as e:
                 raise_interrupt(e)
                 report(failed_event(p, error_text(e)))

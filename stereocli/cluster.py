@@ -50,7 +50,7 @@ def _require_dask():
 
 # ------------------------------------------------------------------ on the worker
 
-def _worker_chunk(pairs, params, device, ext, skip_existing, max_disparity, threads):
+def _worker_chunk(pairs, params, device, ext, skip_existing, max_disparity, threads, png=batch.PNG_DEFAULT):
     """Runs on a worker: a chunk of pairs through the in-process batch runner (reader and
     writer threads overlapped with the matching, outputs written here) ->
     (events, summed metric counts or None, pairs evaluated). The backend is per process;
@@ -70,7 +70,7 @@ def _worker_chunk(pairs, params, device, ext, skip_existing, max_disparity, thre
     events = []
     summary = batch.Summary()
     batch.run(pairs, params, backend, ext, threads=threads, skip_existing=skip_existing, on_event=events.append,
-              max_disparity=max_disparity, summary=summary, compute=_on_device)
+              max_disparity=max_disparity, summary=summary, compute=_on_device, png=png)
     for ev in events:
         ev["worker"] = str(where)
     return events, summary.metric_counts, summary.evaluated
@@ -120,7 +120,8 @@ def start_local_cluster(workers: int | None, device: str, threads: int = 4):
 
 
 def run(pairs, params, device: str, ext: str, scheduler: str, *, workers: int | None = None, threads: int = 4,
-        skip_existing: bool = False, on_event=None, max_disparity=None, summary=None, warn=None):
+        skip_existing: bool = False, on_event=None, max_disparity=None, summary=None, warn=None,
+        png: str = batch.PNG_DEFAULT):
     """Run the batch on a Dask scheduler ("local" or an address); same events and summary as
     batch.run. KeyboardInterrupt stops sending pairs, lets the ones in flight finish, re-raises."""
     _require_dask()
@@ -146,7 +147,7 @@ def run(pairs, params, device: str, ext: str, scheduler: str, *, workers: int | 
                 client.wait_for_workers(1, timeout=60)
             summary.startup_s = time.perf_counter() - start
             _run_with_client(client, pairs, params, device, ext, skip_existing, max_disparity, threads, summary,
-                             on_event, warn)
+                             on_event, warn, png)
     finally:
         if cluster is not None:
             cluster.close()
@@ -156,7 +157,7 @@ def run(pairs, params, device: str, ext: str, scheduler: str, *, workers: int | 
 
 
 def _run_with_client(client, pairs, params, device, ext, skip_existing, max_disparity, threads, summary, on_event,
-                     warn):
+                     warn, png):
     from distributed import as_completed
 
     from . import metrics
@@ -184,7 +185,7 @@ def _run_with_client(client, pairs, params, device, ext, skip_existing, max_disp
         # died before it was copied to another, the scheduler could not recover it and
         # every task waiting for it waited for ever (a batch hung after a killed worker,
         # about once in 60 runs of test_cluster's killed-worker test)
-        f = client.submit(_worker_chunk, chunk, params, device, ext, skip_existing, max_disparity, threads,
+        f = client.submit(_worker_chunk, chunk, params, device, ext, skip_existing, max_disparity, threads, png,
                           pure=False, **kw)
         attempts[f.key] = (chunk, attempt, f)
         return f

@@ -67,13 +67,15 @@ def load_prepared(pair):
     return io.prepare_pair(left, right), (time.perf_counter() - t) * 1e3
 
 
-def save_result(pair, disp, ext: str, max_disparity=None, seconds: float = 0.0, left=None, confidence=None):
-    """Encode and write one map, evaluate it if it has ground truth -> (write ms, metric
-    counts or None); `seconds` (the match's time) goes to the pair's time file if it has
-    one, and the pair's extras (preview, depth, point cloud of the `left` image,
-    `confidence` map, error picture) are written too."""
+def save_result(pair, disp, ext: str, max_disparity=None, seconds: float = 0.0, left=None, confidence=None,
+                png: str = "small"):
+    """Encode and write one map (a PNG as `png` says: io.PNG_COMPRESSIONS), evaluate it
+    if it has ground truth -> (write ms, metric counts or None); `seconds` (the match's
+    time) goes to the pair's time file if it has one, and the pair's extras (preview,
+    depth, point cloud of the `left` image, `confidence` map, error picture) are written
+    too."""
     t = time.perf_counter()
-    io.write_file(pair.output, io.encode_disparity(disp, ext))
+    io.write_file(pair.output, io.encode_disparity(disp, ext, png))
     if pair.time_file:
         io.write_file(pair.time_file, f"{seconds:.4f}\n".encode())
     if pair.extras:
@@ -330,11 +332,11 @@ def _read_task(pair, path, room):
     return ms, out
 
 
-def _write_task(pair, disp, ext, max_disparity, seconds, left, confidence):
+def _write_task(pair, disp, ext, max_disparity, seconds, left, confidence, png):
     """In a worker: save_result, with `disp` a (path, shape) of a slot or the array."""
     if isinstance(disp, tuple):
         disp = _view(disp[0], disp[1], np.float32)
-    return save_result(pair, disp, ext, max_disparity, seconds, left, confidence)
+    return save_result(pair, disp, ext, max_disparity, seconds, left, confidence, png)
 
 
 class Read:
@@ -455,7 +457,7 @@ class Workers:
         return slot, self.writes.array(slot, shape, np.float32)
 
     def write(self, pair, disp: np.ndarray, ext: str, max_disparity=None, seconds: float = 0.0, left=None,
-              confidence=None, slot: int | None = None) -> Future:
+              confidence=None, png: str = "small", slot: int | None = None) -> Future:
         """Start encoding and writing `disp` -> Future of save_result's (ms, counts).
         `disp` is in write slot `slot` (map_buffer), or is copied into a free one here.
         `left` and `confidence` (only for extras) are copied."""
@@ -473,7 +475,8 @@ class Workers:
                 disp = np.array(disp)
             left = None if left is None or not pair.extras else np.array(left)
             confidence = None if confidence is None else np.array(confidence)
-            fut = self._submit(_write_task, _plain(pair), disp, ext, max_disparity, seconds, left, confidence)
+            fut = self._submit(_write_task, _plain(pair), disp, ext, max_disparity, seconds, left, confidence,
+                                png)
         except BaseException:
             self.writes.give(slot)
             raise

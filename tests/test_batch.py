@@ -147,6 +147,30 @@ def test_io_processes_write_the_same_maps_report_a_bad_pair_and_leave_no_slot_fi
     assert left == []
 
 
+def test_png_maps_are_stored_by_default_and_small_deflates_them_to_the_same_values(tmp_path, crops):
+    """A batch writes its 16-bit PNG maps uncompressed by default (a tenth of the encode
+    time, which bounds a GPU batch); --png-compression small deflates them. Threads and
+    worker processes alike: the same values either way, the stored file at least as
+    large as the raw rows, the deflated one smaller."""
+    kitti_tree(tmp_path / "k", crops)
+    for procs in (0, 2):
+        for png in ("fast", "small"):
+            r = stereo("batch", tmp_path / "k/image_2", tmp_path / "k/image_3", "-o", tmp_path / f"{png}{procs}",
+                       "--left-glob", "*_10.png", "--io-processes", procs,
+                       *(("--png-compression", png) if png == "small" else ()), *N)
+            assert r.returncode == 0, r.stderr
+    for i, pair in enumerate(crops):
+        name = f"00000{i}_10.png"
+        maps = {d: tmp_path / d / name for d in ("fast0", "fast2", "small0", "small2")}
+        values = {d: cv2.imread(str(f), cv2.IMREAD_UNCHANGED) for d, f in maps.items()}
+        assert all(v.dtype == np.uint16 and np.array_equal(v, values["small0"]) for v in values.values())
+        assert same_map(io.read_disparity(maps["fast2"]), expected(*pair), PNG_TOL)
+        h, w = values["fast0"].shape
+        raw = h * (1 + 2 * w)  # a PNG's rows: a filter byte and two bytes a pixel
+        for procs in (0, 2):
+            assert maps[f"fast{procs}"].stat().st_size >= raw > maps[f"small{procs}"].stat().st_size
+
+
 def test_io_processes_auto_takes_worker_processes_for_long_gpu_batches_only(tmp_path, crops):
     """--io-processes auto (the default): worker processes, one per core but an eighth, where
     the codec bounds the batch (a GPU batch of many pairs on a machine of many cores, or

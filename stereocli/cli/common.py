@@ -101,6 +101,7 @@ def params_from(kw: dict) -> config.Params:
 
 
 FORMATS = ("png", "pfm", "npy", "tif", "tiff")
+PNG_COMPRESSIONS = ("fast", "small")  # io.PNG_COMPRESSIONS (the CLI does not import io until it runs)
 
 
 def geometry_options(f):
