@@ -31,10 +31,11 @@ class MatchOutputs:
     ply: Path | None = None
     camera: geometry.Camera | None = None
     confidence: Path | None = None
+    png: str = "small"  # how a PNG map is written (io.PNG_COMPRESSIONS)
 
     @classmethod
-    def plan(cls, output: str, fmt: str | None, params: Params, *, preview=None, depth=None, ply=None,
-             camera=None, confidence=None, json_on_stdout: bool = False) -> "MatchOutputs":
+    def plan(cls, output: str, fmt: str | None, params: Params, *, png: str = "small", preview=None, depth=None,
+             ply=None, camera=None, confidence=None, json_on_stdout: bool = False) -> "MatchOutputs":
         if output == "-":
             if fmt is None:
                 raise StereoError("-o - writes to standard output: say the format with --format png|pfm|npy|tiff")
@@ -55,16 +56,16 @@ class MatchOutputs:
             ply = io.check_ply_path(ply)
         if confidence:
             confidence = io.check_float_map_path(confidence, "confidence")
-        return cls(path, ext, params, preview, depth, ply, camera, confidence)
+        return cls(path, ext, params, preview, depth, ply, camera, confidence, png)
 
     def write(self, disparity: np.ndarray, left_image: np.ndarray, confidence: np.ndarray | None = None) -> None:
         """The map (to its file or standard output) and every extra file that was asked for
         (`confidence`: the map pipeline.run gave, when self.confidence names a file)."""
         if self.disparity is None:
-            sys.stdout.buffer.write(io.encode_disparity(disparity, self.ext))
+            sys.stdout.buffer.write(io.encode_disparity(disparity, self.ext, self.png))
             sys.stdout.buffer.flush()
         else:
-            io.write_disparity(self.disparity, disparity, self.ext)
+            io.write_disparity(self.disparity, disparity, self.ext, self.png)
         if self.preview:
             io.write_preview(self.preview, disparity, self.params.min_disparity, self.params.max_disparity)
         if self.depth:

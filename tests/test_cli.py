@@ -53,6 +53,19 @@ def test_pfm_and_png_invalid_conventions(tmp_path):
     np.testing.assert_allclose(raw_png[~invalid] / 256.0, raw_pfm[~invalid], atol=1 / 256 + 1e-6)
 
 
+def test_png_compression_fast_stores_the_same_values_uncompressed(tmp_path):
+    """`stereo match` deflates a PNG map by default; --png-compression fast stores it (as
+    `stereo batch` does by default): the same values, the file at least its raw rows."""
+    args = ("match", LEFT, RIGHT, "-n", 16, "--device", "cpu")
+    assert stereo(*args, "-o", tmp_path / "small.png").returncode == 0
+    r = stereo(*args, "-o", tmp_path / "fast.png", "--png-compression", "fast")
+    assert r.returncode == 0, r.stderr
+    small, fast = (cv2.imread(str(tmp_path / n), cv2.IMREAD_UNCHANGED) for n in ("small.png", "fast.png"))
+    assert fast.dtype == np.uint16 and np.array_equal(fast, small)
+    h, w = fast.shape
+    assert (tmp_path / "fast.png").stat().st_size >= h * (1 + 2 * w) > (tmp_path / "small.png").stat().st_size
+
+
 def test_json_timings_and_preview(tmp_path):
     r = stereo("match", LEFT, RIGHT, "-o", tmp_path / "d.pfm", "-n", 16, "--json", "--timings",
                "--preview", tmp_path / "p.png", "--device", "cpu")
