@@ -109,6 +109,7 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, png, su
     from ..backends import get_backend
 
     params = params_from(kw)
+    png = png or B.PNG_DEFAULT
     if io_processes not in (0, "auto") and scheduler:
         raise click.UsageError("--io-processes is for a batch in this process; a cluster's workers use --threads")
     if workers and scheduler != "local":
@@ -181,11 +182,11 @@ def batch(folders, out_dir, left_glob, right_glob, pairs_file, sbs, fmt, png, su
             if scheduler:
                 cluster.run(pairs, params, kw["device"], ext, scheduler, workers=workers, threads=threads or 4,
                             skip_existing=skip_existing, on_event=on_event, max_disparity=max_disparity,
-                            summary=summary, warn=warn, png=png or B.PNG_DEFAULT)
+                            summary=summary, warn=warn, png=png)
             else:
                 B.run(pairs, params, backend, ext, threads=threads or B.default_threads(), processes=procs,
                       skip_existing=skip_existing, on_event=on_event, max_disparity=max_disparity, summary=summary,
-                      png=png or B.PNG_DEFAULT)
+                      png=png)
         except KeyboardInterrupt:
             code = 130
     if stream and summary.total == 0 and not code:
