@@ -64,7 +64,7 @@ def _group_exchange(G, redux=False):
     return group_min, below, above
 
 
-def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=(0, 0), redux=False):
+def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=(0, 0), redux=False, full=False):
     """The SGM line kernel for groups of G lanes, each lane holding K disparities in
     registers (a group covers G * K disparities). `vec`: the cost volume is read as
     uint32 words (4 costs) and the path volume written as uint64 words (4 values),
@@ -76,6 +76,7 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
     the bands, and the vertical pair of 4 paths apart: pairs_apart). packed (vec): a
     lane's path costs kept as pairs of uint16 in uint32 words, two disparities an
     instruction (SGM_PACKED). redux: the group's minimum by one redux.sync (SGM_REDUX).
+    full: G * K == D, every lane's K disparities exist (SGM_FULL).
 
     The two walks of a line step together: the forward walk reaches position i at step
     i, the backward one at step length - 1 - i, so the forward walk is first where 2 s <=
@@ -105,7 +106,8 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
     def fetch(C1, off, nk, q, i):
         """Start the loads of one pixel's costs into row i of the queue q, as they are
         stored (vec: K4 uint32 words of 4 costs, else K costs); off is the flat index of
-        this lane's first word there; nk of its K disparities exist."""
+        this lane's first word there; nk of its K disparities exist (tested even where
+        `full`: SGM_FULL)."""
         if vec:
             for t in range(K4):
                 q[i, t] = C1[uint64(off + t)] if 4 * t < nk else uint32(0)
@@ -179,7 +181,7 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
         elif active:
             if vec:
                 for i in range(K4):
-                    if 4 * i < nk:
+                    if full or 4 * i < nk:
                         word = pack_p(v, i) if PACKED else pack(v, i)
                         if atomic and not put:
                             atomic_add_at(S1, uint64(off + i), word)
@@ -187,7 +189,7 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
                             S1[uint64(off + i)] = word
             else:
                 for j in range(K):
-                    if j < nk:
+                    if full or j < nk:
                         if atomic and not put:
                             atomic_add_at(S1, uint64(off + j), uint32(v[j]))
                         else:
@@ -212,7 +214,7 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
     def ahead(C1, G1, p, pstep, off, stride, s, length, nk, q, gq, u):
         """At step s (row u): the loads of the pixel PF steps ahead started into its row,
         the previous pixel's."""
-        if s + PF < length:
+        if int32(s + PF) < length:
             fetch(C1, off + PF * stride, nk, q, (u + PF) % R)
             gq[(u + PF) % R] = int32(G1[uint64(p + PF * pstep)])
 
@@ -222,7 +224,7 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
         start(C1, G1, p, pstep, off, stride, length, nk, c, q, gq)
         m = int32(BIG)
         for j in range(K):
-            v = c[j] if j < nk else int32(BIG)
+            v = c[j] if full or j < nk else int32(BIG)
             cur[j] = v
             m = min(m, v)
         store(S1, off, nk, cur, length > 0, put, tw, w, gl, grp, per)
@@ -248,7 +250,7 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
             lo = prev[j - 1] if j > 0 else lo0
             hi = prev[j + 1] if j + 1 < K else hiK
             v = agg.sgm_value(c[j], prev[j], lo, hi, m, p1, p2e)
-            v = v if j < nk else int32(BIG)
+            v = v if full or j < nk else int32(BIG)
             cur[j] = v
             mloc = min(mloc, v)
         store(S1, off, nk, cur, s < length, put, tw, w, gl, grp, per)
@@ -264,7 +266,7 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
         start(C1, G1, p, pstep, off, stride, length, nk, c, q, gq)
         m = EDGE2
         for j in range(KP):
-            v = c[j] if 2 * j < nk else EDGE2
+            v = c[j] if full or 2 * j < nk else EDGE2
             cur[j] = v
             m = min2(m, v)
         store(S1, off, nk, cur, length > 0, put, tw, w, gl, grp, per)
@@ -296,7 +298,7 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
             hi = prmt(prev[j], b, uint32(0x5432))  # (L(d + 1), L(d + 2))
             t = min2(min2(uint32(min2(lo, hi) + p1x2), prev[j]), mp2x2)
             v = uint32(uint32(c[j] + t) - mx2)
-            v = v if 2 * j < nk else EDGE2
+            v = v if full or 2 * j < nk else EDGE2
             cur[j] = v
             mloc = min2(mloc, v)
         store(S1, off, nk, cur, s < length, put, tw, w, gl, grp, per)
@@ -336,10 +338,11 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
         off += stride
         pb -= pstep
         offb -= stride
+        twice, last = int32(2 * s), int32(length - 1)
         m = advance_f(u, C1, G1, p1i, p2tab, Sf, p, pstep, off, stride, s, length, nk, m,
-                      prev, cur, c, qf, gqf, scratch, w, gl, tw, grp, per, first_store and 2 * s <= length - 1)
+                      prev, cur, c, qf, gqf, scratch, w, gl, tw, grp, per, first_store and twice <= last)
         m2 = advance_f(u, C1, G1, p1i, p2tab, Sb, pb, -pstep, offb, -stride, s, length, nk, m2,
-                       prev2, cur2, c2, qb, gqb, scratch, w, gl, tw, grp, per, first_store and 2 * s < length - 1)
+                       prev2, cur2, c2, qb, gqb, scratch, w, gl, tw, grp, per, first_store and twice < last)
         return p, off, pb, offb, m, m2
 
     KA, LT = (KP, uint32) if PACKED else (K, int32)  # a lane's path costs: packed pairs or one each
@@ -376,7 +379,7 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
             w, gl, grp = 0, tid, 0
         else:
             w = tid // 32
-            gl = (tid % 32) % G
+            gl = int32((tid % 32) % G)
             grp = (tid % 32) // G
         first = (cuda.blockIdx.x * SGM_WARPS + w) * GROUPS
         nlines = starts.shape[0]
@@ -393,7 +396,7 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
         q = starts[li, 2]
         dx = dirs[q, 0]
         dy = dirs[q, 1]
-        length = line_length(y0, x0, dx, dy, h, wd) if valid else 0
+        length = int32(line_length(y0, x0, dx, dy, h, wd) if valid else 0)  # (32-bit steps and compares)
         maxlen = warp_max(length)
         d0 = gl * K
         nk = int32(n - d0)  # how many of this lane's K disparities exist
@@ -418,23 +421,23 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
         wb = (prev2, cur2, c2, qb, gqb)
         ex = (scratch, w, gl, tw, grp, per)
         # the loop unrolled R times: step s takes row s % R of the queues, a constant
-        s = 1
+        s = int32(1)
         while s < maxlen:
             p, off, pb, offb, m, m2 = both(1, s, C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb, stride,
                                            length, nk, m, m2, wf, wb, ex)
-            if R > 2 and s + 1 < maxlen:
-                p, off, pb, offb, m, m2 = both(2, s + 1, C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb, stride,
-                                               length, nk, m, m2, wf, wb, ex)
-            if R > 3 and s + 2 < maxlen:
-                p, off, pb, offb, m, m2 = both(3, s + 2, C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb, stride,
-                                               length, nk, m, m2, wf, wb, ex)
-            if R > 4 and s + 3 < maxlen:
-                p, off, pb, offb, m, m2 = both(4, s + 3, C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb, stride,
-                                               length, nk, m, m2, wf, wb, ex)
-            if s + R - 1 < maxlen:
-                p, off, pb, offb, m, m2 = both(0, s + R - 1, C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb,
+            if R > 2 and int32(s + 1) < maxlen:
+                p, off, pb, offb, m, m2 = both(2, int32(s + 1), C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb,
                                                stride, length, nk, m, m2, wf, wb, ex)
-            s += R
+            if R > 3 and int32(s + 2) < maxlen:
+                p, off, pb, offb, m, m2 = both(3, int32(s + 2), C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb,
+                                               stride, length, nk, m, m2, wf, wb, ex)
+            if R > 4 and int32(s + 3) < maxlen:
+                p, off, pb, offb, m, m2 = both(4, int32(s + 3), C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb,
+                                               stride, length, nk, m, m2, wf, wb, ex)
+            if int32(s + R - 1) < maxlen:
+                p, off, pb, offb, m, m2 = both(0, int32(s + R - 1), C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb,
+                                               stride, length, nk, m, m2, wf, wb, ex)
+            s = int32(s + R)
 
     return stable_cache_key(sgm_lines_kernel)
 
@@ -525,6 +528,21 @@ SGM_PACKED = os.environ.get("STEREOCLI_SGM_PACKED", "1") == "1"
 # selection's groups 0.38 -> 0.44 ms) nor for K = 8 at 256 (3840x2160/256/8 22.4 -> 22.7).
 # STEREOCLI_SGM_REDUX=0 turns it off.
 SGM_REDUX = os.environ.get("STEREOCLI_SGM_REDUX", "1") == "1"
+# Where a group's lanes hold exactly the disparities (G * K == D: 128 in 32 lanes of 4, 256
+# in 16 of 16, ...), the line kernel leaves out the tests of which disparities exist
+# (`full`); and its step counters and compares are 32-bit. The loop's SASS (ptxas 12.9,
+# sm_90) 836 -> 760 instructions for the 4-path horizontal pair at 128 (K = 4, five steps
+# unrolled), 818 -> 762 at 64 (G = 16), 540 -> 490 for the 8-path pair at 128 (K = 8).
+# The loads of the costs keep their test: without it ptxas loaded each into a spare
+# register and moved it into its queue row under a predicate, and the move waits for the
+# load (the queue's rows are meant to be filled PF steps before they are read; H200,
+# kernel ms, 741x500/128/4 0.50 -> 0.68, 1920x1080/128/4 2.25 -> 2.78). H200, gpu_variants
+# kernel ms, the code before / after, two rounds alternated in separate processes
+# (forty-seventh session): 741x500/64/8 0.449-0.450 / 0.442, 741x500/128/4 0.503-0.504 /
+# 0.496-0.497, 1242x375/128/4 0.761-0.765 / 0.753-0.755, 1242x375/128/8 0.825-0.827 / 0.820,
+# 1920x1080/128/4 2.240-2.279 / 2.222-2.228, 1920x1080/256/8 5.442-5.449 / 5.416-5.418,
+# 3840x2160/256/8 19.06-19.14 / 18.99-19.08. STEREOCLI_SGM_FULL=0 keeps the tests.
+SGM_FULL = os.environ.get("STEREOCLI_SGM_FULL", "1") == "1"
 
 
 # K of the horizontal pair alone (beside or before the bands: aggregate_bands) above 128
@@ -607,7 +625,7 @@ def sgm_kernel_for(ndisp, lines=0, first_store=False, horizontal=False, cells=0)
     cc = (0, 0) if SIM else tuple(cuda.get_current_device().compute_capability)
     packed = SGM_PACKED and vec and cc >= (9, 0)  # (before Hopper, min.u16x2 is two minima and masks)
     redux = SGM_REDUX and not SIM and G == 32 and K == 4 and cc >= (8, 0)
-    key = (G, K, vec, SGM_ATOMIC, pf, first_store and SGM_ATOMIC, packed, cc, redux)
+    key = (G, K, vec, SGM_ATOMIC, pf, first_store and SGM_ATOMIC, packed, cc, redux, SGM_FULL and G * K == ndisp)
     if key not in _SGM_KERNELS:
         _SGM_KERNELS[key] = _make_sgm_kernel(*key)
     return _SGM_KERNELS[key], G, vec
