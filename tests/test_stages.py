@@ -151,20 +151,24 @@ def test_sgm_vertical_sweeps_by_rows_and_by_lines_match_reference(rng, paths, h,
 
 
 @pytest.mark.parametrize("ndisp", [16, 64, "past the stack"])
-def test_horizontal_walks_give_the_same_sums_with_their_path_costs_on_the_stack_or_the_heap(rng, ndisp):
-    """A horizontal walk keeps its path costs on the stack up to stack.STACK_ELEMENTS (two
-    rows of n + 2) and on the heap past it: the reference's sums either way (its loops
-    over d through views below 64 disparities, in place from 64)."""
+@pytest.mark.parametrize("h,tasks", [(1, 1), (2, 1), (3, 1), (5, 2), (7, 3)])
+def test_horizontal_walks_give_the_same_sums_two_rows_at_a_time_with_their_path_costs_on_the_stack_or_the_heap(
+        rng, ndisp, h, tasks):
+    """The horizontal sweep walks two rows at a time (a run's odd last row alone), their
+    path costs on the stack up to stack.STACK_ELEMENTS (four rows of n + 2) and on the
+    heap past it: the reference's sums either way (its loops over d through views below
+    64 disparities, in place from 64), for runs of rows of any length."""
     from stereocli.stages import aggregate, stack
-    n = stack.STACK_ELEMENTS // 2 if ndisp == "past the stack" else ndisp
-    assert (2 * (n + 2) <= stack.STACK_ELEMENTS) == (ndisp != "past the stack")
+    n = stack.STACK_ELEMENTS // 4 if ndisp == "past the stack" else ndisp
+    assert (4 * (n + 2) <= stack.STACK_ELEMENTS) == (ndisp != "past the stack")
     w = 3 if ndisp == "past the stack" else 40
-    C = rng.integers(0, 256, (1, w, n)).astype(np.uint8)
-    guide = rng.integers(0, 256, (1, w)).astype(np.uint8)
+    C = rng.integers(0, 256, (h, w, n)).astype(np.uint8)
+    guide = rng.integers(0, 256, (h, w)).astype(np.uint8)
     S = np.empty(C.shape, np.uint16)
-    aggregate.sgm_horizontal_cpu(C, guide, np.int32(20), aggregate.p2_table(20, 200, True), S, 1)
-    # (one row: each of the reference's vertical paths adds the costs alone)
-    np.testing.assert_array_equal(S, ref.sgm(C, guide, 20, 200, True, 4) - 2 * C.astype(np.int64))
+    aggregate.sgm_horizontal_cpu(C, guide, np.int32(20), aggregate.p2_table(20, 200, True), S, tasks)
+    want = np.stack([ref.sgm(C[y:y + 1], guide[y:y + 1], 20, 200, True, 4)[0] for y in range(h)])
+    # (each row alone: each of the reference's vertical paths adds the costs alone)
+    np.testing.assert_array_equal(S, want - 2 * C.astype(np.int64))
 
 
 @pytest.mark.parametrize("h,w,bands,steps", [(9, 11, 2, 3), (9, 11, 3, 2), (17, 13, 1, 32), (20, 40, 5, 5),

@@ -201,71 +201,103 @@ def box_sum_u8_cpu(C, r):
 @njit(parallel=True, cache=CACHE)
 def sgm_horizontal_cpu(C, guide, p1, p2tab, S, tasks, codes=None):
     """S = L(+x) + L(-x): both horizontal paths of every row, in `tasks` parallel runs of
-    neighbouring rows. The costs from the volume C, or with `codes` (cost.CensusCodes)
-    computed for each row as its turn comes, into a row buffer made once per run.
-    (Numba drops the `codes` branches when codes is None, but types both when it is
-    not: C must then still be a uint8 volume, which goes unused.)"""
+    neighbouring rows, two rows at a time (_horizontal_rows). The costs from the volume
+    C, or with `codes` (cost.CensusCodes) computed for the two rows as their turn comes,
+    into a buffer of two rows made once per run. (Numba drops the `codes` branches when
+    codes is None, but types both when it is not: C must then still be a uint8 volume,
+    which goes unused.)"""
     h, w, n = S.shape
     p1 = np.uint16(p1)
     tasks = max(1, min(tasks, h))
     for t in prange(tasks):
-        Cy = np.empty((1, w, n) if codes is not None else (1, 1, 1), np.uint8)
-        for y in range(t * h // tasks, (t + 1) * h // tasks):
+        Cy = np.empty((2, w, n) if codes is not None else (1, 1, 1), np.uint8)
+        end = (t + 1) * h // tasks
+        for y in range(t * h // tasks, end, 2):
+            two = y + 1 < end  # (else a run's odd last row, walked alone)
+            y1 = y + 1 if two else y
             if codes is None:
-                _horizontal_row(C, y, guide, p1, p2tab, S, y)
+                if two:
+                    _horizontal_rows(C, y, y1, guide, p1, p2tab, S, y, y1, True)
+                else:
+                    _horizontal_rows(C, y, y1, guide, p1, p2tab, S, y, y1, False)
             else:
-                for x in range(w):
-                    census_pixel_costs(codes, y, x, Cy, 0)
-                _horizontal_row(Cy, 0, guide, p1, p2tab, S, y)
+                for k in range(y1 - y + 1):
+                    for x in range(w):
+                        census_pixel_costs(codes, y + k, x, Cy, k)
+                if two:
+                    _horizontal_rows(Cy, 0, 1, guide, p1, p2tab, S, y, y1, True)
+                else:
+                    _horizontal_rows(Cy, 0, 0, guide, p1, p2tab, S, y, y1, False)
 
 
 @njit(cache=CACHE, inline="always")
-def _horizontal_row(C, cy, guide, p1, p2tab, S, y):
-    """sgm_horizontal_cpu's work on row y, its costs in row cy of C: S[y] = L(+x), then
-    S[y] += L(-x), each path's L at the previous pixel and this one in a small buffer on
-    the stack (stack.py; on the heap past STACK_ELEMENTS). H100 machine's host, this
-    sweep in the default pipeline (`profile_cpu.py`), heap -> stack, two rounds
-    alternated (thirty-third session), one thread: tsukuba 6.87 / 6.37 -> 2.94 / 5.33
-    ms, venus 6.28 / 10.33 -> 5.01 / 7.93, teddy 12.36 / 13.31 -> 7.44 / 10.68,
-    cones@741x500/64 28.4 / 28.8 -> 17.1 / 24.0 (a slow start of that host: its
-    figures swung by a third between rounds); 16 threads: 0.48 / 0.51 -> 0.34 / 0.37,
-    0.76 / 0.73 -> 0.55 / 0.58, 0.94 / 0.91 -> 0.73 / 0.73, 2.14 / 2.07 -> 1.70 / 1.82."""
+def _horizontal_rows(C, cy0, cy1, guide, p1, p2tab, S, y0, y1, two):
+    """sgm_horizontal_cpu's work on rows y0 and y1 (`two`; else y0 alone), their costs
+    in rows cy0 and cy1 of C: S[y] = L(+x), then S[y] += L(-x), each path's L at the
+    previous pixel and this one in a small buffer on the stack (stack.py; on the heap
+    past STACK_ELEMENTS). H100 machine's host, this sweep in the default pipeline
+    (`profile_cpu.py`), heap -> stack, two rounds alternated (thirty-third session), one
+    row at a time, one thread: tsukuba 6.87 / 6.37 -> 2.94 / 5.33 ms, venus 6.28 / 10.33
+    -> 5.01 / 7.93, teddy 12.36 / 13.31 -> 7.44 / 10.68, cones@741x500/64 28.4 / 28.8 ->
+    17.1 / 24.0 (a slow start of that host: its figures swung by a third between
+    rounds); 16 threads: 0.48 / 0.51 -> 0.34 / 0.37, 0.76 / 0.73 -> 0.55 / 0.58, 0.94 /
+    0.91 -> 0.73 / 0.73, 2.14 / 2.07 -> 1.70 / 1.82."""
     n = S.shape[2]
-    if 2 * (n + 2) <= STACK_ELEMENTS:
-        _horizontal_walks(C, cy, guide, p1, p2tab, S, y, stack_rows(2, n + 2))
+    if 4 * (n + 2) <= STACK_ELEMENTS:
+        _horizontal_walks(C, cy0, cy1, guide, p1, p2tab, S, y0, y1, two, stack_rows(4, n + 2))
     else:
-        _horizontal_walks(C, cy, guide, p1, p2tab, S, y, np.empty((2, n + 2), np.uint16))
+        _horizontal_walks(C, cy0, cy1, guide, p1, p2tab, S, y0, y1, two, np.empty((4, n + 2), np.uint16))
 
 
 @njit(cache=CACHE, inline="always")
-def _horizontal_walks(C, cy, guide, p1, p2tab, S, y, buf):
-    """_horizontal_row's walks, with buf (2 rows of n + 2) for the path costs. From 64
-    disparities on a pixel's update indexes the arrays in place (_step); below, it goes
-    through 1-D views (_step_views). 2-core machine, one thread, this sweep: in place, 16
-    and 32 disparities ran 3-4x as long as through views; through views, 64 and 128 ran
-    20-35 % longer than in place."""
+def _horizontal_walks(C, cy0, cy1, guide, p1, p2tab, S, y0, y1, two, buf):
+    """_horizontal_rows' walks, with buf (2 rows of n + 2 a walk) for the path costs.
+    The two rows' walks step together, pixel by pixel: each step of a walk waits on its
+    last (its minimum), so two independent walks overlap in the core. 2-core machine,
+    one thread, this sweep alone (best of 7, three times), one row at a time / two, the
+    code before and after in alternated processes (forty-seventh session): tsukuba / 16
+    1.67-1.69 / 1.43-1.54 ms, venus / 32 3.02-3.16 / 2.45-2.64, teddy / 64 3.67-4.08 /
+    3.35-3.65, teddy / 128 6.14-6.69 / 6.24-7.28 (no gain: there a step's loop over d is
+    long enough to overlap itself). A scratch version walking four rows at a time was
+    slower than two below 128 disparities (venus 2.48-2.54 against 2.36 in one process).
+    From 64 disparities on a pixel's update
+    indexes the arrays in place (_step); below, it goes through 1-D views (_step_views).
+    2-core machine, one thread, this sweep: in place, 16 and 32 disparities ran 3-4x as
+    long as through views; through views, 64 and 128 ran 20-35 % longer than in place."""
     _, w, n = S.shape
     for j in range(n + 2):
-        buf[0, j] = EDGE
-        buf[1, j] = EDGE
-    m = _start(C, cy, S, y, 0, buf, 0, True)
+        for r in range(4):
+            buf[r, j] = EDGE
+    m0 = _start(C, cy0, S, y0, 0, buf, 0, True)
+    m1 = _start(C, cy1, S, y1, 0, buf, 2, True) if two else m0
     src = 0
     for x in range(1, w):
-        p2e = np.uint16(p2tab[abs(np.int32(guide[y, x]) - np.int32(guide[y, x - 1]))])
-        if n >= 64:
-            m = _step(C, cy, S, y, x, buf, src, 1 - src, m, p1, p2e, True)
-        else:
-            m = _step_views(C, cy, S, y, x, buf, src, 1 - src, m, p1, p2e, True)
+        m0, m1 = _steps(C, cy0, cy1, guide, p1, p2tab, S, y0, y1, two, buf, src, x, x - 1, m0, m1, True)
         src = 1 - src
-    m = _start(C, cy, S, y, w - 1, buf, 0, False)
+    m0 = _start(C, cy0, S, y0, w - 1, buf, 0, False)
+    m1 = _start(C, cy1, S, y1, w - 1, buf, 2, False) if two else m0
     src = 0
     for x in range(w - 2, -1, -1):
-        p2e = np.uint16(p2tab[abs(np.int32(guide[y, x]) - np.int32(guide[y, x + 1]))])
-        if n >= 64:
-            m = _step(C, cy, S, y, x, buf, src, 1 - src, m, p1, p2e, False)
-        else:
-            m = _step_views(C, cy, S, y, x, buf, src, 1 - src, m, p1, p2e, False)
+        m0, m1 = _steps(C, cy0, cy1, guide, p1, p2tab, S, y0, y1, two, buf, src, x, x + 1, m0, m1, False)
         src = 1 - src
+
+
+@njit(cache=CACHE, inline="always")
+def _steps(C, cy0, cy1, guide, p1, p2tab, S, y0, y1, two, buf, src, x, xp, m0, m1, first):
+    """One step of _horizontal_walks' walks at pixel x (from xp), row y0's path costs in
+    buf rows 0 and 1, row y1's (`two`) in rows 2 and 3 -> their minima."""
+    n = S.shape[2]
+    q0 = np.uint16(p2tab[abs(np.int32(guide[y0, x]) - np.int32(guide[y0, xp]))])
+    q1 = np.uint16(p2tab[abs(np.int32(guide[y1, x]) - np.int32(guide[y1, xp]))])
+    if n >= 64:
+        m0 = _step(C, cy0, S, y0, x, buf, src, 1 - src, m0, p1, q0, first)
+        if two:
+            m1 = _step(C, cy1, S, y1, x, buf, 2 + src, 3 - src, m1, p1, q1, first)
+    else:
+        m0 = _step_views(C, cy0, S, y0, x, buf, src, 1 - src, m0, p1, q0, first)
+        if two:
+            m1 = _step_views(C, cy1, S, y1, x, buf, 2 + src, 3 - src, m1, p1, q1, first)
+    return m0, m1
 
 
 @njit(cache=CACHE, inline="always")
