@@ -433,6 +433,8 @@ def weighted_median(disp, guide, r, step=2, edge=2.0, edge_r=2, sigma=8.0):
             diff = np.abs(g[np.ix_(ys, xs)] - g[y, x]).sum(axis=2).ravel() * (3 // g.shape[2])
             wt = np.round(1024 * np.exp(-diff / (3 * sigma)))
             keep = ~np.isnan(d)
+            if not keep.any():  # no valid sample (the centre at odd offsets from a border): its own value
+                continue
             d, wt = d[keep], wt[keep]
             bins = np.floor(d)
             order = np.argsort(bins, kind="stable")

@@ -379,6 +379,22 @@ def test_weighted_median_matches_reference(rng, r, grey, shift):
     assert not np.array_equal(got, disp)  # some edge pixels moved
 
 
+@pytest.mark.parametrize("r", [2, 4])
+def test_weighted_median_keeps_a_pixel_none_of_whose_samples_is_valid(rng, r):
+    """A sparse map (a small image of a far range, mostly invalid): at a pixel an odd
+    number of columns and rows from the top-left corner the samples (every second pixel
+    from the window's first) leave the pixel itself out, and here all of them are
+    invalid; it keeps its value (the CPU once read its histogram out of bounds there and
+    crashed), and the rest is the reference's."""
+    disp = np.full((9, 12), np.nan, np.float32)
+    disp[1, 1], disp[1, 3], disp[3, 1] = 5.0, 9.0, 13.5  # edges (spans of 2 px and more), on no sample
+    disp[6:, 6:] = rng.uniform(4, 20, (3, 6)).astype(np.float32)
+    guide = rng.integers(0, 256, (9, 12)).astype(np.uint8)
+    got = BK.weighted_median(disp, guide, r)
+    np.testing.assert_array_equal(got[1, [1, 3]], [5.0, 9.0])
+    np.testing.assert_array_equal(got, ref.weighted_median(disp, guide, r))
+
+
 def test_weighted_median_moves_depth_edges_to_image_edges():
     """A foreground fattened 2 px past its colour edge (as a census window leaves it)
     goes back to the colour edge; pixels away from disparity edges keep their values."""

@@ -815,6 +815,8 @@ def weighted_median_cpu(disp, guide, nc, lut, r, threads=1):
                         blo = min(blo, b)
                         bins[n] = b
                         n += np.uint64(1)
+            if n == 0:  # no valid sample (the centre is not one at odd offsets from a border): its own value
+                continue
             below = 0
             m = blo
             while True:  # the lowest bin with 2 * weight(bins <= it) >= tot
