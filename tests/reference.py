@@ -309,13 +309,13 @@ def fill2d(disp, dirs=((0, 1), (0, -1), (1, 0), (-1, 0), (1, 1), (1, -1), (-1, 1
     return out
 
 
-def border_slope(disp, fit=40, band=1.0, smax=0.3, rms=0.3, rows=8, cols=10):
+def border_slope(disp, fit=40, band=1.0, smax=0.3, rms=0.3, rows=8, cols=10, lo=-np.inf, hi=np.inf):
     """Fill mode "slope" before the background fill: each invalid run whose right-hand
     valid pixel e has d > x takes d(e) + s * (x - e) where that is > x; s is the median
     of the line fits (np.polyfit) at such pixels e' within `rows` rows and `cols` columns,
     each through the first `fit` valid pixels from e' (within 3 * fit columns) inside the
     band |d - d(e')| < band + smax * distance, kept when at least 5 and RMS <= rms,
-    clamped to +-smax."""
+    clamped to +-smax; the values held within [lo, hi] (the search range)."""
     h, w = disp.shape
     ends = {}  # (y, e) -> first x of the run
     slopes = {}
@@ -343,7 +343,7 @@ def border_slope(disp, fit=40, band=1.0, smax=0.3, rms=0.3, rows=8, cols=10):
         near = [v for (yy, ee), v in slopes.items() if abs(yy - y) <= rows and e - cols <= ee < e + cols]
         s = float(np.median(near)) if near else 0.0
         for x in range(x0, e):
-            v = np.float32(disp[y, e] + s * (x - e))
+            v = np.float32(np.clip(np.float32(disp[y, e] + s * (x - e)), lo, hi))
             if v > x:
                 out[y, x] = v
     return out

@@ -314,6 +314,23 @@ def test_border_slope_matches_reference(rng, slope, noise):
     np.testing.assert_allclose(got, want, atol=1e-4, equal_nan=True)
 
 
+@pytest.mark.parametrize("slope,base,lo,hi", [(0.15, 0.0, 31.0, 60.0), (-0.2, 30.0, 0.0, 55.0)])
+def test_fill_slope_stays_in_the_search_range(rng, slope, base, lo, hi):
+    """The strip continued along its slope never leaves the search range [lo, hi]: a
+    plane rising to the right (its continuation falls below lo) and one falling (it
+    rises above hi): the reference's values, held in the range where the unbounded
+    continuation leaves it."""
+    disp = slanted_border_map(rng, slope=slope) + np.float32(base)
+    got = refine.border_slope_cpu(disp, lo, hi)
+    want = ref.border_slope(disp, lo=lo, hi=hi)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, atol=1e-4, equal_nan=True)
+    free = refine.border_slope_cpu(disp)
+    assert np.nanmin(free[:, :40]) < lo or np.nanmax(free[:, :40]) > hi  # (the case needs the bound)
+    strip = BK.fill(disp, refine.SLOPE, lo, hi)[:, :40]
+    assert strip.min() >= lo and strip.max() <= hi
+
+
 def test_fill_slope_continues_a_slanted_border_surface():
     """--fill slope: the strip the right camera does not see follows its surface's slope
     (the plain background fill holds it at the border pixel's disparity); a slope steeper

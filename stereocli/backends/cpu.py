@@ -265,11 +265,11 @@ class CpuBackend:
     def keep_confidence(self, conf, disp):
         return refine.keep_confidence_cpu(conf, disp)
 
-    def fill(self, disp, mode):
+    def fill(self, disp, mode, lo=-np.inf, hi=np.inf):
         if mode == refine.DIRECTIONS:
-            return refine.fill2d_cpu(refine.border_slope_cpu(disp), refine.FILL2D_DIRECTIONS)
+            return refine.fill2d_cpu(refine.border_slope_cpu(disp, lo, hi), refine.FILL2D_DIRECTIONS)
         if mode == refine.SLOPE:
-            disp, mode = refine.border_slope_cpu(disp), refine.BACKGROUND
+            disp, mode = refine.border_slope_cpu(disp, lo, hi), refine.BACKGROUND
         return refine.fill_cpu(disp, mode)
 
     def median(self, disp, r):

@@ -9,6 +9,7 @@ Disparity index d means disparity min_d + d (stages/cost.py: right_x, inside_ran
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol
 
 Array = Any  # numpy.ndarray or a numba device array
@@ -135,8 +136,10 @@ class Backend(Protocol):
     def keep_confidence(self, conf: Array, disp: Array) -> Array:
         """conf where disp is valid, 0 where it is NaN."""
 
-    def fill(self, disp: Array, mode: int) -> Array:
-        """Invalid pixels from their row neighbours (refine.BACKGROUND or NEAREST)."""
+    def fill(self, disp: Array, mode: int, lo: float = -math.inf, hi: float = math.inf) -> Array:
+        """Invalid pixels from their row neighbours (refine.BACKGROUND or NEAREST), or
+        (SLOPE, DIRECTIONS) the left border strip continued along its slope first, held
+        within the search range [lo, hi]."""
 
     def median(self, disp: Array, r: int) -> Array:
         """(2r+1)^2 median of the valid values; invalid stays invalid."""

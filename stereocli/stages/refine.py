@@ -490,24 +490,25 @@ def slope_window_cell(y, e, i):
 
 
 @shared
-def slope_continue(disp, first, y, e, s, out, start, step):
+def slope_continue(disp, first, y, e, s, out, start, step, lo, hi):
     """The run of row y that ends at e (first[y, e] its start) continued from d(e) along
-    the slope s (float64; s has 24 significant bits, so each product is exact) wherever
-    that still lies outside the right image (d > x): its columns first[y, e] + start,
-    + step, ... (the GPU's threads share a run out so)."""
+    the slope s (float64; s has 24 significant bits, so each product is exact), held
+    within the search range [lo, hi] (float32), wherever that still lies outside the
+    right image (d > x): its columns first[y, e] + start, + step, ... (the GPU's threads
+    share a run out so)."""
     d0 = np.float64(disp[y, e])
     for x in range(first[y, e] + start, e, step):
-        v = np.float32(d0 + s * (x - e))
+        v = min(max(np.float32(d0 + s * (x - e)), lo), hi)
         if v > x:
             out[y, x] = v
 
 
 @shared
-def slope_apply_at(disp, first, slopes, y, e, buf, out):
+def slope_apply_at(disp, first, slopes, y, e, buf, out, lo, hi):
     """The run of row y that ends at e (first[y, e] its start) continued from d(e) along
     the median of the slopes fitted within SLOPE_ROWS rows and SLOPE_COLS columns (0 if
-    none), wherever that still lies outside the right image (d > x). buf: scratch for
-    SLOPE_WINDOW values."""
+    none), within [lo, hi], wherever that still lies outside the right image (d > x).
+    buf: scratch for SLOPE_WINDOW values."""
     h, w = disp.shape
     n = 0
     for i in range(SLOPE_WINDOW):
@@ -518,7 +519,7 @@ def slope_apply_at(disp, first, slopes, y, e, buf, out):
                 buf[n] = v
                 n += 1
     s = np.float64(sorted_median(buf, n)) if n > 0 else 0.0
-    slope_continue(disp, first, y, e, s, out, 0, 1)
+    slope_continue(disp, first, y, e, s, out, 0, 1, lo, hi)
 
 
 @shared
@@ -565,12 +566,13 @@ def fill2d_cpu(disp, dirs):
 
 
 @njit(parallel=True, cache=CACHE)
-def border_slope_cpu(disp):
+def border_slope_cpu(disp, lo=-np.inf, hi=np.inf):
     """The strip along the left border that the right camera does not see, continued
     along its surface's slope instead of at a constant disparity (fill mode SLOPE, then
     the background fill): slope_run_start finds the runs that fill_choice's border rule
     fills, slope_fit_at fits a slope where each ends, and slope_apply_at continues the
-    run along the median of the fits nearby. The GPU runs the same three functions."""
+    run along the median of the fits nearby, within the search range [lo, hi]. The GPU
+    runs the same three functions."""
     h, w = disp.shape
     out = np.empty_like(disp)
     slopes = np.empty((h, w), np.float32)
@@ -589,7 +591,7 @@ def border_slope_cpu(disp):
         buf = np.empty(SLOPE_WINDOW, np.float32)
         for e in range(w):
             if first[y, e] >= 0:
-                slope_apply_at(disp, first, slopes, y, e, buf, out)
+                slope_apply_at(disp, first, slopes, y, e, buf, out, np.float32(lo), np.float32(hi))
     return out
 
 

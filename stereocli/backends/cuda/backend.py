@@ -1134,7 +1134,7 @@ class CudaBackend:
         self._launch2(kref.keep_confidence_kernel, h, w, conf, disp, out)
         return out
 
-    def fill(self, disp, mode):
+    def fill(self, disp, mode, lo=-np.inf, hi=np.inf):
         h, w = disp.shape
         if mode in (refine.SLOPE, refine.DIRECTIONS):  # the border strip continued along its slope, then
             first = self._scratch("first", (h, w), np.int32)  # the background fill or the 2-D fill
@@ -1143,7 +1143,8 @@ class CudaBackend:
             self._launch2(kref.slope_fit_kernel, h, w, disp, first, slopes, sloped)
             out = self._empty((h, w), np.float32)
             after = refine.BACKGROUND if mode == refine.SLOPE else 0  # (0: the runs only)
-            self._launch(kref.slope_fill_kernel, h, kref.FILL_THREADS, disp, first, slopes, sloped, after, out)
+            self._launch(kref.slope_fill_kernel, h, kref.FILL_THREADS, disp, first, slopes, sloped, after, out,
+                         np.float32(lo), np.float32(hi))
             if mode == refine.DIRECTIONS:
                 key = ("fill2d",)
                 if key not in self._tables:

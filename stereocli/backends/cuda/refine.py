@@ -24,9 +24,9 @@ WMF_SMALL_SAMPLES = (2 * WMF_SMALL_R // _ref.WMF_STEP + 1) ** 2
 
 
 @cuda.jit(device=True)
-def _slope_apply(disp, first, slopes, y, e, out):
+def _slope_apply(disp, first, slopes, y, e, out, lo, hi):
     window = cuda.local.array(SLOPE_WINDOW, float32)
-    ref.slope_apply_at(disp, first, slopes, y, e, window, out)
+    ref.slope_apply_at(disp, first, slopes, y, e, window, out, lo, hi)
 
 
 @cuda.jit(device=True)
@@ -89,7 +89,7 @@ SLOPE_ENDS = 64  # run ends a row's block takes together (more: the rest one thr
 
 
 @cuda.jit(cache=CACHE)
-def slope_fill_kernel(disp, first, slopes, sloped, mode, out):
+def slope_fill_kernel(disp, first, slopes, sloped, mode, out, lo, hi):
     """Fill mode SLOPE, step 2, and the background fill, a row per block: the runs of
     the row that slope_fit_kernel found continued along the median slope nearby (into
     sloped: slope_apply_at's values, computed by the whole block), then (mode not 0)
@@ -119,7 +119,7 @@ def slope_fill_kernel(disp, first, slopes, sloped, mode, out):
             if k < SLOPE_ENDS:
                 ends[k] = e
             else:
-                _slope_apply(disp, first, slopes, y, e, sloped)
+                _slope_apply(disp, first, slopes, y, e, sloped, lo, hi)
     cuda.syncthreads()
     for q in range(min(cnt[0], SLOPE_ENDS)):
         e = ends[q]
@@ -150,7 +150,7 @@ def slope_fill_kernel(disp, first, slopes, sloped, mode, out):
         s = 0.0
         if n > 0:
             s = float64(ref.middle(med[0], med[1], n))
-        ref.slope_continue(disp, first, y, e, s, sloped, t, FILL_THREADS)
+        ref.slope_continue(disp, first, y, e, s, sloped, t, FILL_THREADS, lo, hi)
         cuda.syncthreads()
         if t == 0:
             cnt[1] = 0
