@@ -74,8 +74,8 @@ def stage_options(f, auto=False):
                      help="Fill rejected pixels. From their row: background = the smaller of the two "
                           "neighbour disparities, nearest = the closer; along the image borders, the surface the "
                           "right camera does not see; slope = background, with that border surface continued "
-                          "along its slope. 2d = that border, then the second lowest disparity seen along 8 "
-                          "directions (Hirschmueller) [slope; quality: 2d]."),
+                          "along its slope (within the disparity range). 2d = that border, then the second "
+                          "lowest disparity seen along 8 directions (Hirschmueller) [slope; quality: 2d]."),
         click.option("--median", type=int, help="Median filter size: 0 (off), 3 or 5 [0; fast: 3]."),
         click.option("--weighted-median", type=int, metavar="RADIUS",
                      help="At disparity edges, the median of a window of this radius weighted by colour likeness "
