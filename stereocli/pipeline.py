@@ -366,8 +366,7 @@ def _run_strip(gl: np.ndarray, gr: np.ndarray, params: Params, bk, timer: _Timer
     if want_conf:
         conf = bk.keep_confidence(conf, disp)  # 0 where rejected: the fill below only guesses
     if params.fill != "none":
-        disp = bk.fill(disp, refine.FILL_MODES[params.fill], params.min_disparity,
-                       params.min_disparity + params.num_disparities - 1)
+        disp = bk.fill(disp, refine.FILL_MODES[params.fill], params.min_disparity, params.max_disparity)
         timer.lap("fill")
     if params.median > 1:
         disp = bk.median(disp, params.median // 2)

@@ -215,19 +215,15 @@ def sgm_horizontal_cpu(C, guide, p1, p2tab, S, tasks, codes=None):
         for y in range(t * h // tasks, end, 2):
             two = y + 1 < end  # (else a run's odd last row, walked alone)
             y1 = y + 1 if two else y
-            if codes is None:
-                if two:
-                    _horizontal_rows(C, y, y1, guide, p1, p2tab, S, y, y1, True)
-                else:
-                    _horizontal_rows(C, y, y1, guide, p1, p2tab, S, y, y1, False)
-            else:
+            costs, cy = (C, y) if codes is None else (Cy, 0)  # the rows' costs: rows cy, cy + 1 of costs
+            if codes is not None:
                 for k in range(y1 - y + 1):
                     for x in range(w):
                         census_pixel_costs(codes, y + k, x, Cy, k)
-                if two:
-                    _horizontal_rows(Cy, 0, 1, guide, p1, p2tab, S, y, y1, True)
-                else:
-                    _horizontal_rows(Cy, 0, 0, guide, p1, p2tab, S, y, y1, False)
+            if two:  # (a literal each: the odd row's walk leaves out the second row's code)
+                _horizontal_rows(costs, cy, cy + 1, guide, p1, p2tab, S, y, y1, True)
+            else:
+                _horizontal_rows(costs, cy, cy, guide, p1, p2tab, S, y, y1, False)
 
 
 @njit(cache=CACHE, inline="always")
