@@ -64,7 +64,8 @@ def _group_exchange(G, redux=False):
     return group_min, below, above
 
 
-def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=(0, 0), redux=False, full=False):
+def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=(0, 0), redux=False, full=False,
+                     split=False):
     """The SGM line kernel for groups of G lanes, each lane holding K disparities in
     registers (a group covers G * K disparities). `vec`: the cost volume is read as
     uint32 words (4 costs) and the path volume written as uint64 words (4 values),
@@ -76,7 +77,9 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
     the bands, and the vertical pair of 4 paths apart: pairs_apart). packed (vec): a
     lane's path costs kept as pairs of uint16 in uint32 words, two disparities an
     instruction (SGM_PACKED). redux: the group's minimum by one redux.sync (SGM_REDUX).
-    full: G * K == D, every lane's K disparities exist (SGM_FULL).
+    full: G * K == D, every lane's K disparities exist (SGM_FULL). split: a line a warp,
+    stored where first (SGM_SPLIT): the steps where both walks store, those where both
+    add and the round between run as three loops, without each step's tests.
 
     The two walks of a line step together: the forward walk reaches position i at step
     i, the backward one at step length - 1 - i, so the forward walk is first where 2 s <=
@@ -91,6 +94,8 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
         raise ValueError(f"prefetch depth {PF}: the line kernel's loop is unrolled for 1 to 4")
     R = PF + 1  # rows of a walk's queue
     GROUPS = 1 if SIM else 32 // G  # path lines per warp
+    ONE_LINE = GROUPS == 1 and not SIM  # (a warp's steps end with its one line: every step is on it)
+    SPLIT = split and ONE_LINE and first_store and atomic
     group_min, from_below, from_above = _group_exchange(G, redux)
 
     K4 = K // 4  # words per lane (vec)
@@ -301,7 +306,7 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
             v = v if full or 2 * j < nk else EDGE2
             cur[j] = v
             mloc = min2(mloc, v)
-        store(S1, off, nk, cur, s < length, put, tw, w, gl, grp, per)
+        store(S1, off, nk, cur, ONE_LINE or s < length, put, tw, w, gl, grp, per)
         return group_min(pair_min(mloc), scratch, w, gl)
 
     @cuda.jit(device=True, inline=True)
@@ -326,7 +331,7 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
         return v
 
     @cuda.jit(device=True, **LLVM_INLINE)
-    def both(u, s, C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb, stride, length, nk, m, m2, wf, wb, ex):
+    def both(u, s, mode, C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb, stride, length, nk, m, m2, wf, wb, ex):
         """Step s of a line's two walks (u = s % R: their queues' row); wf, wb: each
         walk's arrays (prev, cur, c, q, gq), ex: (scratch, w, gl, tw, grp, per) (tuples: a
         call of over 30 arguments is one Numba cannot inline). Returns the walks' new
@@ -339,11 +344,35 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
         pb -= pstep
         offb -= stride
         twice, last = int32(2 * s), int32(length - 1)
+        put_f = mode == 1 or (mode == 0 and first_store and twice <= last)
+        put_b = mode == 1 or (mode == 0 and first_store and twice < last)
         m = advance_f(u, C1, G1, p1i, p2tab, Sf, p, pstep, off, stride, s, length, nk, m,
-                      prev, cur, c, qf, gqf, scratch, w, gl, tw, grp, per, first_store and twice <= last)
+                      prev, cur, c, qf, gqf, scratch, w, gl, tw, grp, per, put_f)
         m2 = advance_f(u, C1, G1, p1i, p2tab, Sb, pb, -pstep, offb, -stride, s, length, nk, m2,
-                       prev2, cur2, c2, qb, gqb, scratch, w, gl, tw, grp, per, first_store and twice < last)
+                       prev2, cur2, c2, qb, gqb, scratch, w, gl, tw, grp, per, put_b)
         return p, off, pb, offb, m, m2
+
+    @cuda.jit(device=True, **LLVM_INLINE)
+    def steps(mode, checked, s, C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb, stride, length, maxlen, nk,
+              m, m2, wf, wb, ex):
+        """R steps from s (s % R == 1), the queues' rows constants: `mode` 0 (whether each
+        walk stores or adds as first_store says), 1 (both store) or 2 (both add);
+        `checked`: steps past maxlen skipped. Returns s + R and both()'s values."""
+        p, off, pb, offb, m, m2 = both(1, s, mode, C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb, stride,
+                                       length, nk, m, m2, wf, wb, ex)
+        if R > 2 and (not checked or int32(s + 1) < maxlen):
+            p, off, pb, offb, m, m2 = both(2, int32(s + 1), mode, C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb,
+                                           stride, length, nk, m, m2, wf, wb, ex)
+        if R > 3 and (not checked or int32(s + 2) < maxlen):
+            p, off, pb, offb, m, m2 = both(3, int32(s + 2), mode, C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb,
+                                           stride, length, nk, m, m2, wf, wb, ex)
+        if R > 4 and (not checked or int32(s + 3) < maxlen):
+            p, off, pb, offb, m, m2 = both(4, int32(s + 3), mode, C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb,
+                                           stride, length, nk, m, m2, wf, wb, ex)
+        if not checked or int32(s + R - 1) < maxlen:
+            p, off, pb, offb, m, m2 = both(0, int32(s + R - 1), mode, C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off,
+                                           offb, stride, length, nk, m, m2, wf, wb, ex)
+        return int32(s + R), p, off, pb, offb, m, m2
 
     KA, LT = (KP, uint32) if PACKED else (K, int32)  # a lane's path costs: packed pairs or one each
     begin_f, advance_f = (begin_p, advance_p) if PACKED else (begin, advance)
@@ -422,22 +451,20 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
         ex = (scratch, w, gl, tw, grp, per)
         # the loop unrolled R times: step s takes row s % R of the queues, a constant
         s = int32(1)
+        if SPLIT:  # (one line a warp, storing where first: the steps where both walks store, one
+            # round over the middle, the steps where both add, each without per-step tests)
+            while int32(2 * (s + R - 1)) < int32(length - 1):
+                s, p, off, pb, offb, m, m2 = steps(1, False, s, C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb,
+                                                   stride, length, maxlen, nk, m, m2, wf, wb, ex)
+            if s < maxlen:
+                s, p, off, pb, offb, m, m2 = steps(0, True, s, C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb,
+                                                   stride, length, maxlen, nk, m, m2, wf, wb, ex)
+            while int32(s + R - 1) < maxlen:
+                s, p, off, pb, offb, m, m2 = steps(2, False, s, C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb,
+                                                   stride, length, maxlen, nk, m, m2, wf, wb, ex)
         while s < maxlen:
-            p, off, pb, offb, m, m2 = both(1, s, C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb, stride,
-                                           length, nk, m, m2, wf, wb, ex)
-            if R > 2 and int32(s + 1) < maxlen:
-                p, off, pb, offb, m, m2 = both(2, int32(s + 1), C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb,
-                                               stride, length, nk, m, m2, wf, wb, ex)
-            if R > 3 and int32(s + 2) < maxlen:
-                p, off, pb, offb, m, m2 = both(3, int32(s + 2), C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb,
-                                               stride, length, nk, m, m2, wf, wb, ex)
-            if R > 4 and int32(s + 3) < maxlen:
-                p, off, pb, offb, m, m2 = both(4, int32(s + 3), C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb,
-                                               stride, length, nk, m, m2, wf, wb, ex)
-            if int32(s + R - 1) < maxlen:
-                p, off, pb, offb, m, m2 = both(0, int32(s + R - 1), C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb,
-                                               stride, length, nk, m, m2, wf, wb, ex)
-            s = int32(s + R)
+            s, p, off, pb, offb, m, m2 = steps(0, True, s, C1, G1, p1i, p2tab, Sf, Sb, p, pb, pstep, off, offb,
+                                               stride, length, maxlen, nk, m, m2, wf, wb, ex)
 
     return stable_cache_key(sgm_lines_kernel)
 
@@ -543,6 +570,18 @@ SGM_REDUX = os.environ.get("STEREOCLI_SGM_REDUX", "1") == "1"
 # 1920x1080/128/4 2.240-2.279 / 2.222-2.228, 1920x1080/256/8 5.442-5.449 / 5.416-5.418,
 # 3840x2160/256/8 19.06-19.14 / 18.99-19.08. STEREOCLI_SGM_FULL=0 keeps the tests.
 SGM_FULL = os.environ.get("STEREOCLI_SGM_FULL", "1") == "1"
+# Where a warp walks one line and the first walk to reach a pixel stores (the horizontal
+# pair before the bands, G = 32: 128 disparities in lanes of 4, 256 in lanes of 8), the
+# loop runs in three parts: the steps where both walks store, one round over the middle,
+# the steps where both add; so a step tests neither which walk stores nor whether it is
+# still on its line. The loop's SASS (ptxas 12.9, sm_90, 4-path pair at 128) 760 -> 611-642
+# instructions. H200, gpu_variants kernel ms, the code before / after, two rounds
+# alternated in separate processes (forty-eighth session): 741x500/128/4 0.494-0.495 /
+# 0.481, 1242x375/128/4 0.750-0.754 / 0.726-0.728, 1920x1080/128/4 2.215-2.241 /
+# 2.166-2.194, 1920x1080/128/8 2.985-2.987 / 2.988-2.989, 3840x2160/256/8 19.08-19.18 /
+# 19.10-19.13. A register cap of 96 for K = 4 at prefetch depth 4 as well cost
+# 1920x1080/128/4 0.04-0.06 ms: not taken. STEREOCLI_SGM_SPLIT=0 keeps one loop.
+SGM_SPLIT = os.environ.get("STEREOCLI_SGM_SPLIT", "1") == "1"
 
 
 # K of the horizontal pair alone (beside or before the bands: aggregate_bands) above 128
@@ -625,7 +664,8 @@ def sgm_kernel_for(ndisp, lines=0, first_store=False, horizontal=False, cells=0)
     cc = (0, 0) if SIM else tuple(cuda.get_current_device().compute_capability)
     packed = SGM_PACKED and vec and cc >= (9, 0)  # (before Hopper, min.u16x2 is two minima and masks)
     redux = SGM_REDUX and not SIM and G == 32 and K == 4 and cc >= (8, 0)
-    key = (G, K, vec, SGM_ATOMIC, pf, first_store and SGM_ATOMIC, packed, cc, redux, SGM_FULL and G * K == ndisp)
+    key = (G, K, vec, SGM_ATOMIC, pf, first_store and SGM_ATOMIC, packed, cc, redux, SGM_FULL and G * K == ndisp,
+           SGM_SPLIT)
     if key not in _SGM_KERNELS:
         _SGM_KERNELS[key] = _make_sgm_kernel(*key)
     return _SGM_KERNELS[key], G, vec
