@@ -532,6 +532,15 @@ SGM_ATOMIC = os.environ.get("STEREOCLI_SGM_SUM", "atomic") == "atomic"
 SGM_PREFETCH = int(os.environ.get("STEREOCLI_SGM_PREFETCH", "0"))
 SGM_PREFETCH_LINES_PER_SM = 40
 SGM_PREFETCH_DEEP_WARPS_PER_SM = int(os.environ.get("STEREOCLI_SGM_PREFETCH_DEEP", "20"))
+# The horizontal pair at 129-256 disparities (K = 8, a line a warp) before the bands (it
+# stores where it comes first) at depth 2, its loop in
+# three parts (SGM_SPLIT). H200, gpu_variants kernel ms, depth 1 / 2, three rounds
+# (forty-eighth session): 1920x1080/256/8 5.24-5.28 / 5.14-5.16, 3840x2160/256/8
+# 18.93 / 18.78-18.95; at 128 disparities (16 lanes of 8, two lines a warp) depth 2 stays
+# slower (1920x1080/128/8 2.98 / 3.04), so only where a warp walks one line. On a later
+# machine start, depth 1 / the rule here: 5.24-5.26 / 5.13-5.14, 18.96-19.20 / 18.94-19.06,
+# 1920x1080/128/8 2.984-2.989 / 2.985-2.989.
+SGM_PREFETCH_K8_WARP = 2
 # On Hopper and later (sm_90: the one-instruction min.u16x2; measured only there), a
 # lane's path costs as pairs of uint16 in uint32 words (vec): the update two
 # disparities an instruction (PTX min.u16x2 on Hopper, prmt for the neighbours' pairs),
@@ -555,6 +564,10 @@ SGM_PACKED = os.environ.get("STEREOCLI_SGM_PACKED", "1") == "1"
 # selection's groups 0.38 -> 0.44 ms) nor for K = 8 at 256 (3840x2160/256/8 22.4 -> 22.7).
 # STEREOCLI_SGM_REDUX=0 turns it off.
 SGM_REDUX = os.environ.get("STEREOCLI_SGM_REDUX", "1") == "1"
+# (K = 8 at 256, with the split loop, H200, three rounds: 1920x1080/256/8 5.24-5.28 ->
+# 5.18-5.21, 3840x2160/256/8 18.93 -> 18.83-18.93, 1920x1080/128/8 no change; small
+# beside the depth above, and not measured with it: the redux stays at K = 4.)
+SGM_REDUX_MAX_K = 4
 # Where a group's lanes hold exactly the disparities (G * K == D: 128 in 32 lanes of 4, 256
 # in 16 of 16, ...), the line kernel leaves out the tests of which disparities exist
 # (`full`); and its step counters and compares are 32-bit. The loop's SASS (ptxas 12.9,
@@ -661,9 +674,11 @@ def sgm_kernel_for(ndisp, lines=0, first_store=False, horizontal=False, cells=0)
         pf = 1
         if K == 4 and lines <= SGM_PREFETCH_LINES_PER_SM * sms:
             pf = 4 if lines * G <= 32 * SGM_PREFETCH_DEEP_WARPS_PER_SM * sms else 2
+        elif K == 8 and G == 32 and first_store:
+            pf = SGM_PREFETCH_K8_WARP
     cc = (0, 0) if SIM else tuple(cuda.get_current_device().compute_capability)
     packed = SGM_PACKED and vec and cc >= (9, 0)  # (before Hopper, min.u16x2 is two minima and masks)
-    redux = SGM_REDUX and not SIM and G == 32 and K == 4 and cc >= (8, 0)
+    redux = SGM_REDUX and not SIM and G == 32 and K <= SGM_REDUX_MAX_K and cc >= (8, 0)
     key = (G, K, vec, SGM_ATOMIC, pf, first_store and SGM_ATOMIC, packed, cc, redux, SGM_FULL and G * K == ndisp,
            SGM_SPLIT)
     if key not in _SGM_KERNELS:
