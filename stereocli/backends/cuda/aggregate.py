@@ -94,7 +94,10 @@ def _make_sgm_kernel(G, K, vec, atomic, PF, first_store=False, packed=False, cc=
         raise ValueError(f"prefetch depth {PF}: the line kernel's loop is unrolled for 1 to 4")
     R = PF + 1  # rows of a walk's queue
     GROUPS = 1 if SIM else 32 // G  # path lines per warp
-    ONE_LINE = GROUPS == 1 and not SIM  # (a warp's steps end with its one line: every step is on it)
+    # a warp (the simulator: a block) walks one line, so its steps end with that line's and
+    # every step is on it (the simulator runs the split loop too: CI's tests of the pair
+    # stored where first go through it)
+    ONE_LINE = GROUPS == 1
     SPLIT = split and ONE_LINE and first_store and atomic
     group_min, from_below, from_above = _group_exchange(G, redux)
 
