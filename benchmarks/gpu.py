@@ -257,13 +257,19 @@ def main():
     ap.add_argument("--libsgm-peer", metavar="BINARY",
                     help="libSGM's peer binary (benchmarks/libsgm_peer/build.sh), run on every row's pair")
     ap.add_argument("--preset", default="default", help="the end-to-end pipeline's preset [default]")
+    ap.add_argument("--graph-max-cells", type=int, metavar="N",
+                    help="end to end: replay CUDA graphs of matches up to N cells (W x H x D) "
+                         "[pipeline.GRAPH_MAX_CELLS]; for A/B runs in alternated processes")
     ap.add_argument("--sim-check", action="store_true",
                     help="one tiny size, for NUMBA_ENABLE_CUDASIM=1 in CI (a check that the script runs)")
     a = ap.parse_args()
     if a.libsgm_peer and not (Path(a.libsgm_peer).is_file() and os.access(a.libsgm_peer, os.X_OK)):
         ap.error(f"--libsgm-peer {a.libsgm_peer}: no such program; build it with benchmarks/libsgm_peer/build.sh")
     import stereocli
+    from stereocli import pipeline
     from stereocli.backends.cuda import CudaBackend, gpu_summary
+    if a.graph_max_cells is not None:
+        pipeline.GRAPH_MAX_CELLS = a.graph_max_cells
     bk = CudaBackend()
     configs = [(40, 16, 8, 4, None, None)] if a.sim_check else CONFIGS
     if a.sim_check:
@@ -271,7 +277,8 @@ def main():
     left, right = pair(*configs[0][:2]) if a.sim_check else pair(741, 500)
     t = time.perf_counter()
     stereocli.match(left, right, device="cuda", num_disparities=configs[0][2] if a.sim_check else 64)
-    emit(cold_first_match_s=round(time.perf_counter() - t, 2), gpu=dict(gpu_summary())["gpu"])
+    emit(cold_first_match_s=round(time.perf_counter() - t, 2), gpu=dict(gpu_summary())["gpu"],
+         graph_max_cells=pipeline.GRAPH_MAX_CELLS)
     rows = []
     for w, h, ndisp, paths, libsgm, libsgm_h2h in configs:
         if a.quick and (w, h, ndisp) not in ((1242, 375, 128), (1920, 1080, 128)):
