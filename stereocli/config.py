@@ -24,6 +24,7 @@ from .errors import StereoError
 
 PREPROCESS = ("none", "dog", "bilateral")
 COSTS = ("census", "sad", "ssd", "zsad", "zssd", "zncc", "bt", "mi")
+ZERO_MEAN_COSTS = {"zsad": "sad", "zssd": "ssd", "zncc": "sad"}  # (the per-pixel cost that one pixel's window leaves)
 AGGREGATIONS = ("sgm", "mgm", "none")
 MGM_PATHS = (4, 8)  # More Global Matching's passes: the four quadrants, or those and the four cones
 PATHS = (4, 8, 16)
@@ -124,6 +125,9 @@ class Params:
         wx, wy = self.window_size()
         need(wx >= 1 and wy >= 1 and wx % 2 == 1 and wy % 2 == 1,
              f"--window must be odd and positive, e.g. 9x7 or 5, not {wx}x{wy}")
+        need(wx * wy > 1 or self.cost not in ZERO_MEAN_COSTS,
+             f"--cost {self.cost} takes each window's mean out, so over a 1x1 window every cost is the same; "
+             f"use a window of 3x3 or more (e.g. --window 7x7), or --cost {ZERO_MEAN_COSTS.get(self.cost)}")
         if self.cost == "census":
             need(wx * wy - 1 <= CENSUS_MAX_BITS and wx * wy > 1,
                  f"a census window of {wx}x{wy} has {wx * wy - 1} comparisons; at most {CENSUS_MAX_BITS} fit "

@@ -75,10 +75,10 @@ def window_cost_volume(L, R, min_d, ndisp, rx, ry, kind):
                     vol[y, x, d] = 4 * math.sqrt(((a - b) ** 2).mean())
                 elif kind == "zssd":
                     vol[y, x, d] = 4 * math.sqrt(max(0.0, (((a - a.mean()) - (b - b.mean())) ** 2).mean()))
-                elif kind == "zncc":
-                    va = max(a.var(), 1e-3)
-                    vb = max(b.var(), 1e-3)
-                    ncc = ((a - a.mean()) * (b - b.mean())).mean() / math.sqrt(va * vb)
+                elif kind == "zncc":  # (a flat window, variance at most 1e-3 + 1e-5 x mean square: ZNCC 0)
+                    va, vb = a.var(), b.var()
+                    flat = va <= 1e-3 + 1e-5 * (a * a).mean() or vb <= 1e-3 + 1e-5 * (b * b).mean()
+                    ncc = 0.0 if flat else ((a - a.mean()) * (b - b.mean())).mean() / math.sqrt(va * vb)
                     vol[y, x, d] = (1 - ncc) * 127.5
     return np.minimum(vol, 255)
 

@@ -145,6 +145,8 @@ def bad_cases(tmp):
         "range outside": (("match", LEFT, RIGHT, "-o", tmp / "o.pfm", "--min-disparity", 400), "does not fit"),
         "negative window": (("match", LEFT, RIGHT, "-o", tmp / "o.pfm", "--window", "-3", *ok), "--window"),
         "census too big": (("match", LEFT, RIGHT, "-o", tmp / "o.pfm", "--window", "9x9", *ok), "census"),
+        "zero-mean 1x1": (("match", LEFT, RIGHT, "-o", tmp / "o.pfm", "--cost", "zncc", "--window", "1", *ok),
+                          "1x1 window"),
         "unknown preset": (("match", LEFT, RIGHT, "-o", tmp / "o.pfm", "--preset", "x", *ok), "unknown preset"),
         "unknown cost": (("match", LEFT, RIGHT, "-o", tmp / "o.pfm", "--cost", "x", *ok), "--cost"),
         "unknown option": (("match", LEFT, RIGHT, "-o", tmp / "o.pfm", "--bogus", *ok), "--bogus"),
@@ -199,7 +201,7 @@ def other_odd(tmp):
 
 @pytest.mark.parametrize("case", [
     "missing file", "unreadable", "size mismatch", "range too wide", "range outside", "negative window",
-    "census too big", "unknown preset", "unknown cost", "unknown option", "missing folder", "no writer",
+    "census too big", "zero-mean 1x1", "unknown preset", "unknown cost", "unknown option", "missing folder", "no writer",
     "png range", "bad config", "p2 too big", "two stdins", "stdout no format", "format clash", "sbs odd width",
     "depth no focal", "depth png", "confidence png", "min confidence", "mgm 16 paths", "weighted median radius", "batch no folder", "error maps no gt", "empty file", "truncated png", "pixel bomb",
     "eval damaged pfm", "eval empty"])

@@ -70,6 +70,21 @@ def test_window_costs_match_reference(rng, kind):
     assert np.abs(got[inner] - want[inner]).max() <= 1.0
 
 
+@pytest.mark.parametrize("level", [200.0, 200.3, 3.7])
+def test_zncc_of_a_flat_window_is_no_preference(rng, level):
+    """ZNCC is 0 / 0 where a window is flat: such a pixel's costs are all 128 (no
+    disparity preferred), not the rounding of the window means blown up; textured
+    windows at the true shift still cost next to nothing. Whole and fractional grey
+    levels (the preprocessing hands on floats) alike."""
+    L = rng.integers(0, 256, (16, 40)).astype(np.float32)
+    L[:, 8:26] = level  # a flat band, 18 columns
+    R = np.roll(L, -2, axis=1)
+    vol = cost_volume(BK, L, R, Params(cost="zncc", window=(5, 5), min_disparity=0, num_disparities=4))
+    flat = vol[2:-2, 10:24]  # the 5x5 window inside the band
+    assert np.all(flat == 128)
+    assert np.all(vol[2:-2, 30:-2, 2] <= 2)  # textured, at the shift
+
+
 def test_sad_cost_is_zero_at_true_shift():
     from conftest import textured_pair
     L, R = textured_pair(shift=3)

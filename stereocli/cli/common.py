@@ -56,7 +56,8 @@ def stage_options(f, auto=False):
         click.option("--bilateral-sigma-space", type=float, help="Bilateral spatial sigma [2.0]."),
         click.option("--bilateral-sigma-color", type=float, help="Bilateral grey-level sigma [12]."),
         click.option("--cost", type=click.Choice(config.COSTS), help="Matching cost [census]."),
-        click.option("--window", help="Cost window WxH or N, odd (census up to 9x7) [cost's default]."),
+        click.option("--window", help="Cost window WxH or N, odd (census up to 9x7; zsad, zssd and zncc larger "
+                     "than 1x1) [cost's default]."),
         click.option("--aggregation", type=click.Choice(config.AGGREGATIONS),
                      help="sgm (Semi-Global Matching), mgm (More Global Matching: two neighbours per "
                           "step, no streaks; slower) or none for block matching [sgm; quality: mgm]."),

@@ -147,12 +147,27 @@ def scaled_cost(v):
     return np.uint8(c)
 
 
+# A window is flat for ZNCC where its variance (mean square minus squared mean) is at
+# most ZNCC_FLAT_ABS + ZNCC_FLAT_REL x its mean square: a standard deviation below about
+# 0.03 grey levels near black and 0.8 near white (8-bit values), where the variance
+# is float rounding, not texture.
+ZNCC_FLAT_ABS = np.float32(1e-3)
+ZNCC_FLAT_REL = np.float32(1e-5)
+
+
 @shared
 def zncc_cost_value(m_lr, m_l, m_l2, m_r, m_r2):
-    """(1 - ZNCC) * 127.5 from window means of L*R, L, L^2, R, R^2."""
-    cov = m_lr - m_l * m_r
-    var = max(m_l2 - m_l * m_l, np.float32(1e-3)) * max(m_r2 - m_r * m_r, np.float32(1e-3))
-    ncc = cov / math.sqrt(var)
+    """(1 - ZNCC) * 127.5 from window means of L*R, L, L^2, R, R^2; 128 (ZNCC 0: no
+    preference) where either window is flat (ZNCC_FLAT_ABS, ZNCC_FLAT_REL). There ZNCC
+    is 0 / 0, and the rounding of the means, not the images, decided the cost: 0 or 255
+    by chance (the variances were held at 1e-3, and a covariance of rounding error, about
+    0.004 near white, over them gave a correlation of +-4), and a different one on the
+    GPU, whose multiply-adds round once, wherever the preprocessing gave float images."""
+    v_l = m_l2 - m_l * m_l
+    v_r = m_r2 - m_r * m_r
+    if v_l <= ZNCC_FLAT_ABS + ZNCC_FLAT_REL * m_l2 or v_r <= ZNCC_FLAT_ABS + ZNCC_FLAT_REL * m_r2:
+        return np.uint8(128)
+    ncc = (m_lr - m_l * m_r) / math.sqrt(v_l * v_r)
     c = (np.float32(1.0) - ncc) * np.float32(127.5) + np.float32(0.5)
     return np.uint8(min(max(c, np.float32(0.0)), np.float32(255.0)))
 
