@@ -536,8 +536,8 @@ SGM_PREFETCH = int(os.environ.get("STEREOCLI_SGM_PREFETCH", "0"))
 SGM_PREFETCH_LINES_PER_SM = 40
 SGM_PREFETCH_DEEP_WARPS_PER_SM = int(os.environ.get("STEREOCLI_SGM_PREFETCH_DEEP", "20"))
 # The horizontal pair at 129-256 disparities (K = 8, a line a warp) before the bands (it
-# stores where it comes first) at depth 2, its loop in
-# three parts (SGM_SPLIT). H200, gpu_variants kernel ms, depth 1 / 2, three rounds
+# stores where it comes first) at depth 2, its loop in three parts (SGM_SPLIT). H200,
+# gpu_variants kernel ms, depth 1 / 2, three rounds
 # (forty-eighth session): 1920x1080/256/8 5.24-5.28 / 5.14-5.16, 3840x2160/256/8
 # 18.93 / 18.78-18.95; at 128 disparities (16 lanes of 8, two lines a warp) depth 2 stays
 # slower (1920x1080/128/8 2.98 / 3.04), so only where a warp walks one line. On a later
@@ -569,7 +569,8 @@ SGM_PACKED = os.environ.get("STEREOCLI_SGM_PACKED", "1") == "1"
 SGM_REDUX = os.environ.get("STEREOCLI_SGM_REDUX", "1") == "1"
 # (K = 8 at 256, with the split loop, H200, three rounds: 1920x1080/256/8 5.24-5.28 ->
 # 5.18-5.21, 3840x2160/256/8 18.93 -> 18.83-18.93, 1920x1080/128/8 no change; small
-# beside the depth above, and not measured with it: the redux stays at K = 4.)
+# beside the depth above, and not measured with it: the redux stays at K = 4. The
+# largest K that takes it, for gpu_variants; K below 4 never does, as before.)
 SGM_REDUX_MAX_K = 4
 # Where a group's lanes hold exactly the disparities (G * K == D: 128 in 32 lanes of 4, 256
 # in 16 of 16, ...), the line kernel leaves out the tests of which disparities exist
@@ -681,7 +682,7 @@ def sgm_kernel_for(ndisp, lines=0, first_store=False, horizontal=False, cells=0)
             pf = SGM_PREFETCH_K8_WARP
     cc = (0, 0) if SIM else tuple(cuda.get_current_device().compute_capability)
     packed = SGM_PACKED and vec and cc >= (9, 0)  # (before Hopper, min.u16x2 is two minima and masks)
-    redux = SGM_REDUX and not SIM and G == 32 and K <= SGM_REDUX_MAX_K and cc >= (8, 0)
+    redux = SGM_REDUX and not SIM and G == 32 and 4 <= K <= SGM_REDUX_MAX_K and cc >= (8, 0)
     key = (G, K, vec, SGM_ATOMIC, pf, first_store and SGM_ATOMIC, packed, cc, redux, SGM_FULL and G * K == ndisp,
            SGM_SPLIT)
     if key not in _SGM_KERNELS:
