@@ -567,11 +567,14 @@ SGM_PACKED = os.environ.get("STEREOCLI_SGM_PACKED", "1") == "1"
 # selection's groups 0.38 -> 0.44 ms) nor for K = 8 at 256 (3840x2160/256/8 22.4 -> 22.7).
 # STEREOCLI_SGM_REDUX=0 turns it off.
 SGM_REDUX = os.environ.get("STEREOCLI_SGM_REDUX", "1") == "1"
-# (K = 8 at 256, with the split loop, H200, three rounds: 1920x1080/256/8 5.24-5.28 ->
-# 5.18-5.21, 3840x2160/256/8 18.93 -> 18.83-18.93, 1920x1080/128/8 no change; small
-# beside the depth above, and not measured with it: the redux stays at K = 4. The
-# largest K that takes it, for gpu_variants; K below 4 never does, as before.)
-SGM_REDUX_MAX_K = 4
+# K = 8 (a warp a line at 256: the horizontal pair before the bands) takes it too since
+# the forty-ninth session: with the split loop and two pixels prefetched the H100's
+# figure above no longer holds. H200, gpu_variants kernel ms, three rounds alternated in
+# one process, K = 4 only / up to 8: 1920x1080/256/8 5.169-5.190 / 5.113-5.136,
+# 3840x2160/256/8 19.01-19.26 / 18.91-18.94 (forty-eighth session, before the depth of
+# two: 5.24-5.28 / 5.18-5.21; 1920x1080/128/8, K = 8 in half-warp lines, does not take
+# it). The largest K that takes it (gpu_variants varies it); K below 4 never does.
+SGM_REDUX_MAX_K = 8
 # Where a group's lanes hold exactly the disparities (G * K == D: 128 in 32 lanes of 4, 256
 # in 16 of 16, ...), the line kernel leaves out the tests of which disparities exist
 # (`full`); and its step counters and compares are 32-bit. The loop's SASS (ptxas 12.9,

@@ -70,8 +70,13 @@ BAND_ROWS = int(os.environ.get("STEREOCLI_SGM_BAND_ROWS", "4" if SIM else "64"))
 # 3840x2160/256/8 24.44-24.59 (5 rounds) / 24.01-24.13 (5) / 24.07-24.12 (3) /
 # 24.22-24.40 / 25.52-25.70 / 27.57-27.86 / 26.03-26.09; but 3840x2160/128/8 64 / 32
 # rows 13.04-13.08 / 13.09-13.15, 1920x1080/256/8 6.36 / 6.34-6.37, and the 4-path bands
-# (band4_shape) at 3840x2160/256/4 19.00 / 19.45-19.49. STEREOCLI_SGM_BAND_ROWS sets both.
-BAND_ROWS_LARGE = int(os.environ.get("STEREOCLI_SGM_BAND_ROWS", "4" if SIM else "32"))
+# (band4_shape) at 3840x2160/256/4 19.00 / 19.45-19.49. So 32 and 48 tie on the H100; the
+# H200 (the lent GPU since the fortieth session) prefers 48: 3840x2160/256/8, three rounds
+# alternated in one process, 32 / 40 / 48 rows 19.01-19.26 / 18.88-19.10 / 18.88-19.00,
+# and with the redux at K = 8 (aggregate.SGM_REDUX_MAX_K) 18.91-18.94 / - / 18.78-18.83
+# (forty-ninth session; the forty-first's: 19.50 / 19.28-19.34). STEREOCLI_SGM_BAND_ROWS
+# sets both.
+BAND_ROWS_LARGE = int(os.environ.get("STEREOCLI_SGM_BAND_ROWS", "4" if SIM else "48"))
 BAND_ROWS_LARGE_MIN_CELLS = 1 << 30
 BAND_REGISTER_CAP = 64  # 8 blocks of 4 warps an SM: a 3840-wide band's walks in one wave (band_kernel_for)
 UNCAPPED_BLOCKS_PER_SM = 7  # the kernel's blocks an SM uncapped (72 registers, H100)
