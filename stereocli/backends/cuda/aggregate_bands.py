@@ -74,8 +74,9 @@ BAND_ROWS = int(os.environ.get("STEREOCLI_SGM_BAND_ROWS", "4" if SIM else "64"))
 # H200 (the lent GPU since the fortieth session) prefers 48: 3840x2160/256/8, three rounds
 # alternated in one process, 32 / 40 / 48 rows 19.01-19.26 / 18.88-19.10 / 18.88-19.00,
 # and with the redux at K = 8 (aggregate.SGM_REDUX_MAX_K) 18.91-18.94 / - / 18.78-18.83
-# (forty-ninth session; the forty-first's: 19.50 / 19.28-19.34). STEREOCLI_SGM_BAND_ROWS
-# sets both.
+# (forty-ninth session; the forty-first's: 19.50 / 19.28-19.34); on a later machine start,
+# with the redux, 48 / 56 / 64 rows 18.81-18.94 / 18.78-18.90 / 18.91-18.99.
+# STEREOCLI_SGM_BAND_ROWS sets both.
 BAND_ROWS_LARGE = int(os.environ.get("STEREOCLI_SGM_BAND_ROWS", "4" if SIM else "48"))
 BAND_ROWS_LARGE_MIN_CELLS = 1 << 30
 BAND_REGISTER_CAP = 64  # 8 blocks of 4 warps an SM: a 3840-wide band's walks in one wave (band_kernel_for)
