@@ -560,12 +560,12 @@ SGM_PREFETCH_K8_WARP = 2
 SGM_PACKED = os.environ.get("STEREOCLI_SGM_PACKED", "1") == "1"
 # A line's minimum over its 32 lanes by one redux.sync (compute capability 8.0 and up)
 # instead of five shuffles and minima, for K = 4 (the lines of 4 paths and of the
-# smaller sizes). H100, SGM ms shuffles / redux, two rounds (twenty-fifth session, with
+# smaller sizes) and K = 8 in whole-warp lines (below). H100, SGM ms shuffles / redux, two rounds (twenty-fifth session, with
 # the queue still shifted a row a step): 1920x1080/128/4 2.59 / 2.55-2.56,
 # 1242x375/128/4 0.87 / 0.81. Not for groups of fewer lanes (a mask per group: 741x500/64/8
 # 0.45 -> 0.74, 1920x1080/128/8 with K = 8 for the horizontal pair 2.97 -> 3.33, the
-# selection's groups 0.38 -> 0.44 ms) nor for K = 8 at 256 (3840x2160/256/8 22.4 -> 22.7).
-# STEREOCLI_SGM_REDUX=0 turns it off.
+# selection's groups 0.38 -> 0.44 ms); K = 8 at 256 was slower then (3840x2160/256/8 22.4
+# -> 22.7), on the loop of that session. STEREOCLI_SGM_REDUX=0 turns it off.
 SGM_REDUX = os.environ.get("STEREOCLI_SGM_REDUX", "1") == "1"
 # K = 8 (a warp a line at 256: the horizontal pair before the bands) takes it too since
 # the forty-ninth session: with the split loop and two pixels prefetched the H100's
